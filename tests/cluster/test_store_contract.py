@@ -294,6 +294,40 @@ def test_a_versioned_listing_of_another_type_counts_as_an_older_instance_live(
         store.close()
 
 
+def against_a_writer_without_pause(
+    store: RedisStore, hog: RedisStore, change: Callable[[str | None], str]
+) -> int:
+    """`store.change_cursor("doc", change)` while `hog` changes "doc" without pause (adding an
+    "h") from a thread; the cursor then holds the change once and every one of `hog`'s, and
+    no turn is left. How many changes `hog` made."""
+    stop, hog_writes, failures = threading.Event(), [0], []
+
+    def write_without_pause() -> None:
+        try:
+            while not stop.is_set():
+                hog.change_cursor("doc", lambda value: f"{value or ''}h")
+                hog_writes[0] += 1
+        except Exception as error:  # a failure in the thread fails the test
+            failures.append(error)
+
+    thread = threading.Thread(target=write_without_pause)
+    thread.start()
+    try:
+        while hog_writes[0] < 5 and thread.is_alive():
+            time.sleep(0.001)
+        store.change_cursor("doc", change)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    assert not failures
+    assert not thread.is_alive()
+    stored = store.get_cursor("doc") or ""
+    assert stored.count("v") == 1
+    assert stored.count("h") == hog_writes[0]  # the other writer lost nothing either
+    assert store.client.exists(store.key("cursor-turn", "doc")) == 0
+    return hog_writes[0]
+
+
 @pytest.mark.parametrize("older_live", [False, True], ids=["by-version", "by-value"])
 def test_a_writer_that_keeps_losing_to_one_writing_without_pause_takes_its_turn(
     redis_url: str, older_live: bool
@@ -307,37 +341,14 @@ def test_a_writer_that_keeps_losing_to_one_writing_without_pause_takes_its_turn(
     store, hog = RedisStore(connect(redis_url), prefix), RedisStore(connect(redis_url), prefix)
     if older_live:
         store.client.zadd(store.key("instances"), {"old#2": 10**13})
-    stop, hog_writes, failures = threading.Event(), [0], []
-
-    def write_without_pause() -> None:
-        try:
-            while not stop.is_set():
-                hog.change_cursor("doc", lambda value: f"{value or ''}h")
-                hog_writes[0] += 1
-        except Exception as error:  # a failure in the thread fails the test
-            failures.append(error)
 
     def slow_add_v(value: str | None) -> str:
         time.sleep(0.02)  # several of the other writer's whole tries
         return f"{value or ''}v"
 
-    thread = threading.Thread(target=write_without_pause)
-    thread.start()
     try:
-        while hog_writes[0] < 5 and thread.is_alive():
-            time.sleep(0.001)
-        store.change_cursor("doc", slow_add_v)
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    try:
-        assert not failures
-        assert not thread.is_alive()
-        stored = store.get_cursor("doc") or ""
-        assert stored.count("v") == 1
-        assert stored.count("h") == hog_writes[0]  # the other writer lost nothing either
-        assert hog_writes[0] > 5  # it wrote on after the turn was given back
-        assert store.client.exists(store.key("cursor-turn", "doc")) == 0
+        written = against_a_writer_without_pause(store, hog, slow_add_v)
+        assert written > 5  # it wrote on after the turn was given back
     finally:
         store.close()
         hog.close()
@@ -404,15 +415,7 @@ def test_a_writer_whose_turn_lapsed_and_lost_to_one_that_waited_takes_the_turn_a
     prefix = f"test-{uuid.uuid4().hex}"
     store, hog = RedisStore(connect(redis_url), prefix), RedisStore(connect(redis_url), prefix)
     store.change_cursor("doc", lambda value: "x")
-    stop, hog_writes, failures, calls = threading.Event(), [0], [], [0]
-
-    def write_without_pause() -> None:
-        try:
-            while not stop.is_set():
-                hog.change_cursor("doc", lambda value: f"{value}h")
-                hog_writes[0] += 1
-        except Exception as error:  # a failure in the thread fails the test
-            failures.append(error)
+    calls = [0]
 
     def add_v(value: str | None) -> str:
         calls[0] += 1
@@ -421,20 +424,8 @@ def test_a_writer_whose_turn_lapsed_and_lost_to_one_that_waited_takes_the_turn_a
         time.sleep(TURN_MS / 1000 + 0.2 if calls[0] == CLAIM_AFTER + 1 else 0.02)
         return f"{value}v"
 
-    thread = threading.Thread(target=write_without_pause)
-    thread.start()
     try:
-        while hog_writes[0] < 5 and thread.is_alive():
-            time.sleep(0.001)
-        store.change_cursor("doc", add_v)
-    finally:
-        stop.set()
-        thread.join(timeout=60)
-    try:
-        assert not failures
-        stored = store.get_cursor("doc") or ""
-        assert stored.count("v") == 1
-        assert stored.count("h") == hog_writes[0]
+        against_a_writer_without_pause(store, hog, add_v)
     finally:
         store.close()
         hog.close()
