@@ -415,6 +415,21 @@ def test_an_absurd_token_count_in_the_transcript_still_ends_the_turn(workdir: Pa
     assert events(workdir)[0]["input_tokens"] == 10**15
 
 
+def error_notice(watch_id: str = "tc_9", code: str = "renderer_failed") -> dict[str, object]:
+    """A task card's error notice, as a line of `.notification/system.jsonl`."""
+    return {
+        "id": "task_card.error:tc_9:1:renderer_failed",
+        "channel": "system",
+        "ref_id": "tc_9",
+        "source": "task_card.error",
+        "priority": "high",
+        "header": "h",
+        "body": "b",
+        "extra": {"state": "error", "watch_id": watch_id, "code": code},
+        "at": "2026-01-01T00:00:00Z",
+    }
+
+
 def test_a_notice_whose_ids_end_in_a_line_break_wakes_without_them(workdir: Path) -> None:
     """A notice line in `.notification/system.jsonl` (the agent's folder: any program there
     may write it) whose watch id and error code end in a line break: the wake names neither,
@@ -424,17 +439,7 @@ def test_a_notice_whose_ids_end_in_a_line_break_wakes_without_them(workdir: Path
     notices.mkdir()
     (notices / "system.jsonl").write_text("")
     assert hook(payload("01_session_start.json", workdir)).returncode == 0
-    line = {
-        "id": "task_card.error:tc_9:1:renderer_failed",
-        "channel": "system",
-        "ref_id": "tc_9",
-        "source": "task_card.error",
-        "priority": "high",
-        "header": "h",
-        "body": "b",
-        "extra": {"state": "error", "watch_id": "tc_9\n", "code": "renderer_failed\n"},
-        "at": "2026-01-01T00:00:00Z",
-    }
+    line = error_notice(watch_id="tc_9\n", code="renderer_failed\n")
     with open(notices / "system.jsonl", "a") as out:
         out.write(json.dumps(line) + "\n")
     woken = hook(payload("04_post_tool_use.json", workdir))
@@ -450,17 +455,7 @@ def test_notices_linked_from_outside_the_workdir_never_wake_the_agent(
     """`.notification/system.jsonl` (or its rotated `.1`) planted as a link to a file outside
     the workdir: the hook reads nothing through it, as no writer writes through it."""
     outside = tmp_path / "elsewhere.jsonl"
-    foreign = {
-        "id": "task_card.error:tc_9:1:renderer_failed",
-        "channel": "system",
-        "ref_id": "tc_9",
-        "source": "task_card.error",
-        "priority": "high",
-        "header": "h",
-        "body": "b",
-        "extra": {"state": "error", "watch_id": "tc_9", "code": "renderer_failed"},
-        "at": "2026-01-01T00:00:00Z",
-    }
+    foreign = error_notice()
     outside.write_text("")
     notices = workdir / ".notification"
     notices.mkdir()
