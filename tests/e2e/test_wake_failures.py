@@ -55,18 +55,27 @@ async def both_cards(chat: Chat) -> None:
     await wait_said(chat, "leading", "lead card")
 
 
-def report_wakes(tmp_path: Path) -> list[str]:
-    """The texts of lead's queued wakes about worker's reports ([] while one is withdrawn to
-    join the next: the service takes it back to queue one carrying it too)."""
+def report_wake_files(tmp_path: Path) -> list[Path]:
+    """lead's queued wakes about worker's reports ([] while one is withdrawn to join
+    the next: the service takes it back to queue one carrying it too). A wake about one of
+    worker's other signals (idle past `idle_floor_s` on a slow machine) may sit beside them."""
     try:
-        texts = [
-            str(json.loads(p.read_text())["text"])
+        return [
+            p
             for p in queued(tmp_path, "lead")
             if p.is_file()  # not a folder put in a wake's way
+            and "worker reported" in str(json.loads(p.read_text())["text"])
         ]
     except FileNotFoundError:
         return []
-    return [text for text in texts if "worker reported" in text]
+
+
+def report_wakes(tmp_path: Path) -> list[str]:
+    """The texts of lead's queued wakes about worker's reports (`report_wake_files`)."""
+    try:
+        return [str(json.loads(p.read_text())["text"]) for p in report_wake_files(tmp_path)]
+    except FileNotFoundError:
+        return []
 
 
 def report_wake_file(child: str, seq: int, at: str) -> str:
@@ -130,7 +139,7 @@ async def test_a_wake_taken_back_that_cannot_be_put_back_travels_in_the_owed_wak
                 lambda: any("part 2 done" in text for text in report_wakes(tmp_path)),
                 what="one wake with the first two reports",
             )
-            [first] = queued(tmp_path, "lead")
+            [first] = report_wake_files(tmp_path)
             assert "part 1 done" in first.read_text()
             inbox, other_user = lead / "inbox", 54321
             os.chown(first, other_user, other_user)
@@ -245,7 +254,7 @@ async def test_an_owed_wake_queued_before_a_stop_is_not_written_again_after_it(
             assert rows
             (lead / "inbox").unlink()
             [wake] = await eventually(
-                lambda: queued(tmp_path, "lead"), timeout_s=60, what="the owed wake queued"
+                lambda: report_wake_files(tmp_path), timeout_s=60, what="the owed wake queued"
             )
             (lead / "inbox" / "taken").mkdir(exist_ok=True)
             wake.rename(lead / "inbox" / "taken" / wake.name)
@@ -258,7 +267,7 @@ async def test_an_owed_wake_queued_before_a_stop_is_not_written_again_after_it(
                 timeout_s=60,
                 what="the owed wake found in lead's inbox",
             )
-            assert queued(tmp_path, "lead") == []
+            assert report_wake_files(tmp_path) == []
             assert await chat.serve.aterminate() == 0
         assert owed_in_state(tmp_path) == []
 
@@ -356,7 +365,7 @@ async def test_a_report_wake_taken_back_for_a_wake_a_stop_kept_unwritten_is_queu
             )
             assert await chat.serve.aterminate() == 0
         inbox = lead / "inbox"
-        [queued_file] = queued(tmp_path, "lead")
+        [queued_file] = report_wake_files(tmp_path)
         os.rename(queued_file, inbox / "cancelled" / queued_file.name)  # taken back
         at = utc_now_iso()
         carrier = report_wake_file("worker", 2, at)
@@ -842,7 +851,7 @@ async def test_clustered_a_report_wake_taken_back_for_a_wake_a_stop_kept_unwritt
         lambda: report_wakes(tmp_path), timeout_s=60, what="the first report's wake"
     )
     assert await i0.aterminate() == 0
-    [queued_file] = queued(tmp_path, "lead")
+    [queued_file] = report_wake_files(tmp_path)
     os.rename(queued_file, lead / "inbox" / "cancelled" / queued_file.name)  # taken back
     carrier = report_wake_file("worker", 2, utc_now_iso()).removesuffix(".json")
     with closing(redis.Redis.from_url(redis_url, decode_responses=True)) as client:
