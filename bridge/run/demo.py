@@ -278,9 +278,20 @@ def run_demo(folder: str | None, duration_s: float | None) -> int:
                 file=sys.stderr,
             )
             return EXIT_CONFIG
-        return asyncio.run(_run(root, duration_s))
+        code = asyncio.run(_run(root, duration_s))
+        return _said_stopped(code, f"its fleet stays in {printable(str(root))}")
     with tempfile.TemporaryDirectory(prefix="taskcard-demo-") as tmp:
-        return asyncio.run(_run(Path(tmp), duration_s))
+        code = asyncio.run(_run(Path(tmp), duration_s))
+    return _said_stopped(code, "its temporary folder is removed")
+
+
+def _said_stopped(code: int, kept: str) -> int:
+    """`code`, after one last line on the demo's terminal when it stopped cleanly: the cards
+    just stopped being drawn, and a clean stop looked like a hang (its log is at WARNING,
+    so the service's own "stopped" is not shown)."""
+    if code == 0:
+        print(f"taskcard demo: stopped; {kept}", flush=True)
+    return code
 
 
 def _unusable_dir(folder: Path) -> str | None:

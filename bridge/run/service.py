@@ -7,7 +7,8 @@ The pieces, in the order data flows through them:
                                    └─► notices (typed, content-safe)   └─► RouteScheduler
     channel commands (/taskcard ...) ─► chat preferences (store) ──────────────┘
 
-The service never executes code from a workdir and never writes into one. Every background
+The service never executes code from a workdir, and the only place in one it writes is the
+agent's `inbox/` (people's messages and wakes, `bridge.inbox.writer`). Every background
 task is owned here and awaited on shutdown; SIGTERM lets requests in flight finish.
 
 Each agent sits behind a fault barrier (`_guard`): whatever goes wrong while reading or

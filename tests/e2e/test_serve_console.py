@@ -133,6 +133,18 @@ def test_embedded_demo_runs_and_ends_cleanly() -> None:
     assert "Run the 2.4 test suite" in out and "Migrate orders to the v3 schema" in out
     assert "pytest" in out and "pg_dump orders" in out
     assert "**" not in out  # the cards' Markdown is rendered, not printed as source
+    # A clean stop says so last: the cards just stopped, which looked like a hang.
+    assert out.rstrip().splitlines()[-1] == (
+        "taskcard demo: stopped; its temporary folder is removed"
+    ), out[-500:]
+
+
+def test_a_demo_kept_in_a_folder_says_where_when_it_stops(tmp_path: Path) -> None:
+    result = run_cli("demo", "--duration", "3", "--dir", str(tmp_path / "fleet"))
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.rstrip().splitlines()[-1]
+    assert last == f"taskcard demo: stopped; its fleet stays in {tmp_path / 'fleet'}", last
+    assert (tmp_path / "fleet" / "agents" / "tester").is_dir()
 
 
 @pytest.mark.parametrize("command", [["serve"], ["demo"]], ids=["serve", "demo"])
@@ -174,6 +186,11 @@ async def test_a_hangup_stops_the_demo_and_takes_its_folder_away(
     assert proc.returncode == 0, stderr
     assert b"Traceback" not in stderr
     assert list(tmp.iterdir()) == []
+    assert (
+        output.read_text()
+        .rstrip()
+        .endswith("taskcard demo: stopped; its temporary folder is removed")
+    )
 
 
 @pytest.mark.parametrize("duration", ["0", "-1", "nan", "inf"])
