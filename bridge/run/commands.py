@@ -90,6 +90,18 @@ def parse_taskcard(args: str) -> TaskcardCommand:
 _SIGNED_NUMBER: Final = re.compile(r"[+-]?[0-9]+")
 
 
+def _row_count(word: str) -> int | None:
+    """A whole number written `word` (`_SIGNED_NUMBER`) when it could be a count of rows,
+    else None. Its leading zeros go first and a number of more than four digits is none:
+    `int` refuses a string of more than 4,300 digits (the text of a Feishu message can be
+    that long), which failed the command with no answer."""
+    digits = word.lstrip("+-").lstrip("0")
+    if len(digits) > 4:
+        return None
+    value = int(digits or "0")
+    return -value if word.startswith("-") else value
+
+
 # The option words a misspelt one is compared with (the numbers are said by the help).
 _OPTION_WORDS: Final = (
     "status",
@@ -117,8 +129,8 @@ def suggestion(args: str) -> str | None:
     if len(known) == 1:
         return f"/taskcard {known[0]}"
     if len(words) == 1 and _SIGNED_NUMBER.fullmatch(words[0]):
-        rows = int(words[0])  # `+5`, `005`: the count written another way
-        return f"/taskcard {rows}" if MIN_ROWS <= rows <= MAX_ROWS else None
+        rows = _row_count(words[0])  # `+5`, `005`: the count written another way
+        return f"/taskcard {rows}" if rows is not None and MIN_ROWS <= rows <= MAX_ROWS else None
     close = difflib.get_close_matches(words[0], _OPTION_WORDS, n=1, cutoff=0.6)
     return f"/taskcard {close[0]}" if len(words) == 1 and close else None
 
@@ -138,7 +150,10 @@ def rows_out_of_range(args: str) -> bool:
     `-3`, a full-width `１２`): a count of activity rows the chat cannot have, answered with
     the range rather than as an unknown option."""
     word = unicodedata.normalize("NFKC", args).strip()
-    return bool(_SIGNED_NUMBER.fullmatch(word)) and not MIN_ROWS <= int(word) <= MAX_ROWS
+    if not _SIGNED_NUMBER.fullmatch(word):
+        return False
+    rows = _row_count(word)
+    return rows is None or not MIN_ROWS <= rows <= MAX_ROWS
 
 
 def apply_to_prefs(command: TaskcardCommand, prefs: ChatPrefs) -> ChatPrefs:
