@@ -308,6 +308,20 @@ def may_command(route: Route, command: IncomingCommand) -> bool:
     return command.sent_as is None and command.user_id in route.allowed_user_ids
 
 
+def cards_where(command: IncomingCommand, routes: list[Route]) -> str:
+    """Where the cards of `routes` are, as an answer to `command` names it: "here" when
+    that is where the command was written. A command from a Telegram forum topic that has
+    no route of its own acts on the routes of the whole chat, whose cards are in the
+    General topic, not in the topic the answer goes to; Feishu's routes are always the
+    whole chat's, and a command written in a topic or a reply thread is answered there,
+    while the cards are the chat's, posted outside it. Saying "here" then was untrue."""
+    if command.chat.thread_id is not None and all(r.key.chat.thread_id is None for r in routes):
+        return "in this chat's General topic"
+    if command.message_thread is not None:
+        return "in this chat"
+    return "here"
+
+
 def _sender(command: IncomingCommand) -> str | None:
     """Who gave `command`, for what is told per sender (an answer replacing only the same
     sender's unsent one, a refusal said once in a while): its writer (`IncomingCommand
@@ -2692,8 +2706,10 @@ class Service:
             self._scheduler.enable(route.key)  # the bot can read this chat: it is back
         scope = allowed[0].key.chat_scope
         # Answered where it was asked: a forum topic of a chat routed as a whole gets the
-        # answer in that topic, not in the General topic where the cards are.
+        # answer in that topic, not in the General topic where the cards are, and the
+        # answer names where they are (`cards_where`).
         reply_chat = command.chat
+        where = cards_where(command, allowed)
         channel = self._channels[channel_name]
         if command.command != "taskcard":
             answer = await self._text_for_agent(channel_name, command, allowed)
@@ -2707,22 +2723,24 @@ class Service:
         if parsed.action == "state":
             marks = await self._chat_marks(channel_name, command, scope)
             reply = self._state_text(
-                allowed, prefs, marks, await self._states_elsewhere(scope, marks)
+                allowed, prefs, marks, await self._states_elsewhere(scope, marks), where
             )
         elif parsed.action == "off":
             self._outbox.suppress(route.key for route in allowed)
-            reply = "Task cards hidden here. /taskcard on shows them again."
+            reply = f"Task cards hidden {where}. /taskcard on shows them again."
             if any(route.origin for route in allowed):
                 self._close_origin_routes([r for r in allowed if r.origin], scope)
                 allowed = [r for r in allowed if not r.origin]
                 if not allowed:
-                    reply = "Task cards from turns of this chat are off here until its next turn."
+                    reply = (
+                        f"Task cards from turns of this chat are off {where} until its next turn."
+                    )
                     prefs = self._chat_prefs(scope)  # nothing left here to hide
         elif parsed.action == "on":
-            reply = "Task cards shown here."
+            reply = f"Task cards shown {where}."
         elif parsed.action == "rows" and parsed.rows is not None:
             rows = counted(parsed.rows, "activity row", "activity rows")
-            reply = f"Task cards here now show {rows}."
+            reply = f"Task cards {where} now show {rows}."
         elif parsed.action == "cancel" and self._owned is not None:
             answer = self._cancel_in_cluster(channel_name, command)
             if answer is not None:
@@ -3257,6 +3275,7 @@ class Service:
         prefs: ChatPrefs,
         marks: ChatMarks,
         elsewhere: Mapping[str, str] | None = None,
+        where: str = "here",
     ) -> str:
         rows = prefs.activity_rows or self._config.display.activity_rows
         shown = (
@@ -3264,7 +3283,7 @@ class Service:
         )
         if self._views.view(routes[0].key.chat_scope) == "board":
             shown += ", one board"
-        lines = [f"Task cards here: {shown}."]
+        lines = [f"Task cards {where}: {shown}."]
         entries: list[str] = []
         scope = routes[0].key.chat_scope
         orchestrator = self._orchestrator_of(scope, marks)

@@ -365,16 +365,20 @@ async def test_a_command_in_a_thread_is_answered_in_that_thread(
 ) -> None:
     # As a Telegram forum topic: a command written inside a topic (or a reply thread) gets
     # its answer there, as a reply to it; one in the main flow is answered in the main flow.
+    # A route is the whole chat's: the answer in a thread says the cards are in the chat,
+    # where it said "here", in a thread holding no card.
     setup = Setup(tmp_path, fake, ["builder"])
     with setup.serve() as serve:
         publish(tmp_path / "agents" / "builder", "body")
         await eventually(lambda: card_texts(fake), what="the card")
         in_thread = await command(setup, fake, "/taskcard", thread_id="omt_topic_1")
         [answer] = await eventually(lambda: fake.replies_to(in_thread), what="the answer")
-        assert answer.thread_id == "omt_topic_1" and "Task cards here" in answer.text
+        assert answer.thread_id == "omt_topic_1"
+        assert answer.text.startswith("Task cards in this chat: shown")
         in_main = await command(setup, fake, "/taskcard 3")
         [answer] = await eventually(lambda: fake.replies_to(in_main), what="the answer")
-        assert answer.thread_id is None and "3 activity rows" in answer.text
+        assert answer.thread_id is None
+        assert answer.text == "Task cards here now show 3 activity rows."
         told = await command(setup, fake, "/tell builder look at the logs", thread_id="omt_t2")
         [status] = await eventually(lambda: fake.replies_to(told), what="the /tell status")
         assert status.thread_id == "omt_t2" and "builder" in status.text
@@ -398,11 +402,10 @@ async def test_a_command_recalled_before_its_answer_is_answered_in_the_chat(
         )
         fake.recall(document["event"]["message"]["message_id"])
         await fake.deliver_event(setup.url, document, encrypt_key=ENCRYPT)
-        await eventually(
-            lambda: any("hidden here" in t for t in fake.texts(CHAT)), what="the answer"
-        )
+        hidden = "Task cards hidden in this chat."
+        await eventually(lambda: any(hidden in t for t in fake.texts(CHAT)), what="the answer")
         assert [r.code for r in fake.requests_of("reply")] == [230011]
-        [answer] = [m for m in fake.chat(CHAT) if "hidden here" in m.text]
+        [answer] = [m for m in fake.chat(CHAT) if hidden in m.text]
         assert answer.parent_id == "" and answer.thread_id is None
         assert await serve.aterminate() == 0
 

@@ -549,17 +549,44 @@ async def test_a_command_from_a_forum_topic_is_answered_in_that_topic(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
     # The route follows the whole group (its cards in the General topic); a person asking
-    # from topic 42 reads the answer there, not in another topic.
-    serve = setup(tmp_path, fake, ["builder"], [(GROUP, ["builder"])])
+    # from topic 42 reads the answer there, not in another topic. The command acts on the
+    # whole chat's route, and the answer says where its cards are: it said "here", in a
+    # topic holding no card. A topic with a route of its own is "here".
+    serve = setup(tmp_path, fake, ["builder", "tester"], [(GROUP, ["builder"])])
+    config = tmp_path / "taskcard.toml"
+    topic_route = f'[[telegram.routes]]\nchat_id = {GROUP}\nthread_id = 7\nagents = ["tester"]\n'
+    config.write_text(config.read_text() + topic_route)
+    general = "in this chat's General topic"
+
+    def answers(thread: int, words: str) -> list[str]:
+        return [m.text for m in fake.bot_messages(GROUP, thread) if words in m.text]
+
     with serve:
         publish(agent_dir(tmp_path, "builder"), "body")
-        await eventually(lambda: shown(fake, GROUP), what="the card")
+        publish(agent_dir(tmp_path, "tester"), "checks")
+        await eventually(lambda: len(shown(fake, GROUP)) == 2, what="both cards")
+        [card] = [m for m in fake.bot_messages(GROUP) if "body" in m.text]
+        assert card.thread_id is None
         fake.inject_command(GROUP, "/taskcard", thread_id=42)
+        [answer] = await eventually(lambda: answers(42, "Task cards"), what="the answer")
+        assert answer.startswith(f"Task cards {general}: shown") and "builder" in answer
+        assert "tester" not in answer
+        fake.inject_command(GROUP, "/taskcard off", thread_id=42)
+        [hidden] = await eventually(lambda: answers(42, "hidden"), what="the answer to off")
+        assert hidden.startswith(f"Task cards hidden {general}.")
         await eventually(
-            lambda: any("Task cards here" in t for t in shown(fake, GROUP)), what="the answer"
+            lambda: "body" not in (fake.message(GROUP, card.message_id) or card).text,
+            what="the General topic's card hidden",
         )
-        [answer] = [m for m in fake.bot_messages(GROUP) if "Task cards here" in m.text]
-        assert answer.thread_id == 42
+        fake.inject_command(GROUP, "/taskcard 3", thread_id=42)
+        await eventually(lambda: answers(42, f"Task cards {general} now show 3"), what="rows")
+        fake.inject_command(GROUP, "/taskcard on", thread_id=42)
+        await eventually(lambda: answers(42, f"Task cards shown {general}."), what="on")
+        # The topic with a route of its own: its card is there, and so is "here".
+        fake.inject_command(GROUP, "/taskcard off", thread_id=7)
+        await eventually(lambda: answers(7, "Task cards hidden here."), what="the topic's")
+        said_here = [t for t in fake.every_text(GROUP) if "Task cards" in t and "here" in t]
+        assert said_here == ["Task cards hidden here. /taskcard on shows them again."]
         assert await serve.aterminate() == 0
 
 
