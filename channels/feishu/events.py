@@ -255,6 +255,30 @@ def mentions_pattern(keys: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile(f"(?:(?:{alternatives})(?!\\d))+")
 
 
+def typed_name_of(bot_name: str | None) -> str | None:
+    """The app's name typed after an `@` (a pattern's source), as a person writes it without
+    picking the mention from the list: then Feishu lists no mention and the text keeps the
+    name as typed. Any case, its words apart by any white space (`@task  card` for "Task
+    Card"), and not the start of a longer word (`@Task Cards` names another app). None
+    without a name."""
+    words = shown(bot_name or "").split()
+    if not words:
+        return None
+    return "(?i:@" + "\\s+".join(re.escape(word) for word in words) + ")(?!\\w)"
+
+
+def addressing_pattern(keys: tuple[str, ...], bot_name: str | None) -> re.Pattern[str] | None:
+    """The bot's mentions, picked (their placeholders `keys`, see `mentions_pattern`) or its
+    name typed (`typed_name_of`), once or more, glued or not: what addresses a command to
+    this app, as Telegram reads `@ThisBot` typed. None for neither."""
+    picked = mentions_pattern(keys)
+    typed = typed_name_of(bot_name)
+    alternatives = [found for found in (picked and picked.pattern, typed) if found]
+    if not alternatives:
+        return None
+    return re.compile("(?:" + "|".join(f"(?:{one})" for one in alternatives) + ")+")
+
+
 def command_args(
     text: str,
     mention_key: str | tuple[str, ...] | None = None,
@@ -277,7 +301,8 @@ def command_args(
     """
     tell = command == TELL
     keys = (mention_key,) if isinstance(mention_key, str) else mention_key or ()
-    mention = mentions_pattern(keys)
+    # The app's name typed after an `@` addresses the command as its picked mention does.
+    mention = addressing_pattern(keys, bot_name)
     if mention is not None:
         text = drop_leading(text, mention) if tell else mention.sub(" ", text)
     # The command reads as it shows: invisible characters a client pasted around or between
@@ -304,7 +329,7 @@ def command_args(
                 continue
             rest = after
         if mention is not None and tell:
-            rest = drop_leading(rest, mention)
+            rest = _without_glued(drop_leading(rest, mention), mention)
         if not tell:
             # A mention is one wherever it was typed, also glued to the word before it
             # ("off@_user_2"): an option with a mention is answered as such, never as an
@@ -314,6 +339,17 @@ def command_args(
         # the bot's mention glued to the agent's name ("builder@_user_1").
         return command_arguments(rest, tell=tell, bot=mention)
     return None
+
+
+def _without_glued(rest: str, mention: re.Pattern[str]) -> str:
+    """`rest` (a `/tell`'s agent name and text) without the bot's mention glued to the end
+    of the agent's name (`builder@_user_1 hi`, or the name typed, `builder@Task Card hi`,
+    whose words `command_arguments`, reading the first word alone, would not see). No
+    agent's id holds an `@`: the name ends at the first one."""
+    name = re.match(r"\s*[^\s@]+", rest)
+    if name is None or (glued := mention.match(rest, name.end())) is None:
+        return rest
+    return rest[: name.end()] + rest[glued.end() :]
 
 
 def _addressed(glued: str, rest: str, keys: tuple[str, ...], bot_name: str | None) -> str | None:
@@ -520,8 +556,15 @@ def command_from_event(
     name: CommandName = "taskcard"
     reply_to = replied_message(message)
     # Anything but a private chat (a group, a topic group, an unknown kind) needs a mention
-    # for a command; a reply names the message it answers, which the service matches.
-    addressed = bool(mention_keys) or message.get("chat_type") == PRIVATE_CHAT
+    # for a command, picked or the app's name typed (`@Task Card /taskcard off`, which
+    # Feishu lists as no mention); a reply names the message it answers, which the
+    # service matches.
+    typed = typed_name_of(bot_name)
+    addressed = (
+        bool(mention_keys)
+        or (typed is not None and re.search(typed, text) is not None)
+        or message.get("chat_type") == PRIVATE_CHAT
+    )
     # A reply addresses the message it answers: a command written as a reply to one of the
     # bot's messages is the bot's, as on Telegram (the service checks that the message
     # replied to is one of its own, and ignores the command otherwise).
@@ -534,7 +577,7 @@ def command_from_event(
             return None
         name = "reply"
         # Only a mention leading the reply addresses it; one in the text is the person's.
-        if (mention := mentions_pattern(mention_keys)) is not None:
+        if (mention := addressing_pattern(mention_keys, bot_name)) is not None:
             text = drop_leading(text, mention)
         args = text.strip()
         if _for_another_bot(args, bot_name) or command_to_mentioned(args, _USER_PLACEHOLDER):

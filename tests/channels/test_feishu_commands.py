@@ -219,6 +219,8 @@ def test_command_from_event(document: dict[str, Any], expected: IncomingCommand 
         ("/start@OtherBot", None),  # another bot's command is not text for the agent
         ("/help@_user_2 now", None),  # glued to someone else's mention
         ("/taskcard off", ("taskcard", "off")),  # a reply addresses the bot: a command
+        # The app's name typed addresses the command as its picked mention does: it is the
+        # bot's whatever message it replies to.
         ("/taskcard@taskcard 3", ("taskcard", "3")),
     ],
 )
@@ -228,7 +230,26 @@ def test_a_reply_without_a_mention(text: str, expected: tuple[str, str] | None) 
     found = command_from_event(document, BOT, "taskcard")
     assert (None if found is None else (found.command, found.args)) == expected
     if found is not None:
-        assert found.reply_to == ("om_card",)
+        assert found.reply_to == (() if "@taskcard" in text else ("om_card",))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("@task card /taskcard off", ("taskcard", "off")),
+        ("@TASK  CARD @Task Card /tell builder hi", ("tell", "builder hi")),
+        ("/tell builder@task card hi", ("tell", "builder hi")),
+        ("/tell builder hi @Task Card", ("tell", "builder hi @Task Card")),  # the person's
+        ("/taskcard off @Task Card", ("taskcard", "off")),
+        ("@Task Cards /taskcard off", None),  # another app's name, starting with ours
+        ("/tell builder@Task Cards hi", None),
+        ("@Other /taskcard off", None),
+    ],
+)
+def test_the_app_name_typed_in_a_group(text: str, expected: tuple[str, str] | None) -> None:
+    # Typed, not picked: Feishu lists no mention, and the name is text.
+    found = command_from_event(event(text, mentions=[]), BOT, "Task Card")
+    assert (None if found is None else (found.command, found.args)) == expected
 
 
 def test_a_reply_names_the_message_it_answers_not_the_root_of_its_chain() -> None:

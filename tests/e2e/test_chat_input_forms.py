@@ -148,6 +148,53 @@ async def test_a_feishu_app_whose_name_has_a_space_is_addressed_by_name(tmp_path
             assert await chat.serve.aterminate() == 0
 
 
+async def test_the_app_name_typed_addresses_a_command_as_its_picked_mention(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # Telegram reads "@ThisBot /taskcard 3" and "/tell builder@ThisBot hi" typed. On Feishu
+    # the app's name typed after an `@` (not picked from the list, so the event lists no
+    # mention) was no mention: "@Task Card /taskcard 3" in a group went unanswered, and so
+    # did "/tell builder@Task Card hi". Typed, in any case, it addresses the command as the
+    # picked mention does, before the command or glued to the agent's name; another app's
+    # name, even one that starts with ours, never does.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, TelegramChat | FeishuChat)
+        if isinstance(chat, FeishuChat):
+            chat.fake.app_name = name = "Task Card"
+        else:
+            name = chat.fake.username
+        running_agent(tmp_path)
+
+        async def typed(text: str) -> None:
+            if isinstance(chat, FeishuChat):
+                await chat.say(text, mention=False)  # no mention listed: the name is text
+            else:
+                await chat.say(text)
+
+        with chat.serve:
+            await running_card_shown(chat)
+            await typed(f"@{name.lower()} /taskcard 3")
+            await wait_said(chat, "now show 3 activity rows", "the answer to the name first")
+            await typed(f"/tell builder@{name.upper()} one")
+            await wait_status(chat, "queued")
+            await typed(f"@{name}  /tell builder two")
+            await eventually(lambda: len(queued(tmp_path)) == 2, what="the second text")
+            if isinstance(chat, FeishuChat):
+                # Another app's name, and ours as the start of a longer one: not ours, and a
+                # command in a group without our mention is no one's to answer.
+                await typed("@Task Cards /taskcard off")
+                await typed("@Other App /taskcard off")
+                await typed("/tell builder@Task Cards three")
+            await typed(f"/taskcard 4 @{name}")
+            await wait_said(chat, "now show 4 activity rows", "the answer to the name last")
+            texts = sorted(json.loads(p.read_text())["text"] for p in queued(tmp_path))
+            assert texts == ["one", "two"], texts
+            said = chat.bot_texts()
+            assert not any("hidden" in t or "mention" in t or "AGENT" in t for t in said), said
+            assert await chat.serve.aterminate() == 0
+
+
 async def say_after_two_mentions(chat: FeishuChat | TelegramChat, text: str) -> None:
     """`text` led by two mentions of the bot, as a person picks them: on Telegram the
     username typed twice, on Feishu two mentions listed with the event, one key each."""
