@@ -385,6 +385,9 @@ class IncomingCommand:
     so, and nothing keyed on a person (a rate limit, who queued a text) may read it as one.
     `author_signature` is that signature or title alone, when there is one: what tells one
     signer of a channel, or one anonymous administrator, from another (`writer`).
+    `sent_as_chat` is the id of the other chat a message was sent on behalf of (`sent_as`
+    "chat": a channel a member posts as in a group, whose `from` is the Channel_Bot
+    placeholder, one id for every such channel): the writer is that chat, not the group.
     """
 
     chat: ChatRef
@@ -407,6 +410,7 @@ class IncomingCommand:
     sent_as: SentAs | None = None
     author_name: str | None = None
     author_signature: str | None = None
+    sent_as_chat: str | None = None
     # True when the platform did not say who wrote the message `reply_to` names (every post
     # of a Telegram channel, the bot's too, is signed by the channel alone): a "reply" is
     # then one to the service's message only as far as the service's own ids tell (an
@@ -421,16 +425,18 @@ class IncomingCommand:
     def writer(self) -> str | None:
         """Who wrote the message, for what is counted per person (the `/tell` rate) or is
         theirs alone (`/taskcard cancel`): the person's id; for a message that names no
-        person (a Telegram channel's post, an anonymous administrator's message), `name:`,
-        the chat and its signature when it is signed, so that each signer is one writer and
-        a signature ("7") is never some person's id (none starts so), else `chat:` and the
-        chat, every unsigned one being the chat's; None when the message names no one."""
+        person (a Telegram channel's post, an anonymous administrator's message, a message
+        sent as a channel), `name:`, the chat that speaks (`sent_as_chat`, else `chat`) and
+        its signature when it is signed, so that each signer is one writer and a signature
+        ("7") is never some person's id (none starts so), else `chat:` and that chat, every
+        unsigned one being the chat's; None when the message names no one."""
         if self.user_id is not None:
             return self.user_id
+        speaker = self.sent_as_chat or self.chat.chat_id
         if self.author_signature is not None:
-            return f"name:{self.chat.chat_id}:{self.author_signature}"
+            return f"name:{speaker}:{self.author_signature}"
         if self.author_name is not None:
-            return f"chat:{self.chat.chat_id}"
+            return f"chat:{speaker}"
         return None
 
     @property

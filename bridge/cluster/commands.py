@@ -149,6 +149,8 @@ RELAYED: dict[str, tuple[Callable[[object], bool], object]] = {
     "author_name": (_text_or_none, None),
     # Without it every signer of a channel shared one /tell rate and one /taskcard cancel.
     "author_signature": (_text_or_none, None),
+    # Without it every channel a member sent as in a group was one writer, the group's.
+    "sent_as_chat": (_text_or_none, None),
 }
 
 

@@ -244,6 +244,7 @@ def command_from_update(update: Update, bot_username: str) -> IncomingCommand | 
         replied_author_unknown=unknown_author,
         author_name=post_author(message),
         author_signature=post_author(message, signed=True),
+        sent_as_chat=sent_as_chat(message),
     )
 
 
@@ -262,28 +263,33 @@ def channels_own(message: Message, replied: Message) -> bool:
 
 def person_id(message: Message) -> str | None:
     """The id of the person who wrote `message` (`IncomingCommand.user_id`), None when it
-    names none: a channel's post (no `from`), and a message an administrator of the group
+    names none: a channel's post (no `from`), a message an administrator of the group
     posted anonymously, whose `from` is the GroupAnonymousBot placeholder, one id for every
-    such administrator of every group."""
-    if message.from_user is None or on_behalf_of(message) == "admin":
+    such administrator of every group, and one a member sent as a channel, whose `from` is
+    the Channel_Bot placeholder, one id for every channel."""
+    if message.from_user is None or on_behalf_of(message) is not None:
         return None
     return str(message.from_user.id)
 
 
 def post_author(message: Message, *, signed: bool = False) -> str | None:
-    """The name a message that names no person shows as its author (a channel's post, or an
-    anonymous administrator's message in a group): its signature when it has one (the
-    channel signs its posts; the administrator's custom title), else the chat's title, so
-    the agent reads who wrote a text, not "someone". None for every other message. A name
-    anyone may choose, never a user id (`IncomingCommand.author_name`). `signed`: the
-    signature alone, None for a message without one (`IncomingCommand.author_signature`):
-    what tells one signer from another for the `/tell` rate and `/taskcard cancel`."""
+    """The name a message that names no person shows as its author (a channel's post, an
+    anonymous administrator's message in a group, or one sent there as a channel): its
+    signature when it has one (the channel signs its posts; the administrator's custom
+    title), else the title of the chat that speaks (the channel it was sent as, else the
+    chat itself), so the agent reads who wrote a text, not "someone". None for every other
+    message. A name anyone may choose, never a user id (`IncomingCommand.author_name`).
+    `signed`: the signature alone, None for a message without one
+    (`IncomingCommand.author_signature`): what tells one signer from another for the
+    `/tell` rate and `/taskcard cancel`."""
     channel_post = message.from_user is None and message.chat.type == Chat.CHANNEL
-    if not channel_post and on_behalf_of(message) != "admin":
+    sent_as = on_behalf_of(message)
+    if not channel_post and sent_as is None:
         return None
     if signed:
         return message.author_signature or None
-    return message.author_signature or message.chat.effective_name
+    speaker = message.sender_chat if sent_as == "chat" else message.chat
+    return message.author_signature or (speaker or message.chat).effective_name
 
 
 def for_another_bot(message: Message, bot_username: str) -> bool:
@@ -400,6 +406,16 @@ def on_behalf_of(message: Message) -> SentAs | None:
     if sender is None:
         return None
     return "admin" if sender.id == message.chat.id else "chat"
+
+
+def sent_as_chat(message: Message) -> str | None:
+    """The id of the other chat `message` was sent on behalf of (`on_behalf_of` "chat": a
+    channel a member sends as, the linked channel), None for any other message
+    (`IncomingCommand.sent_as_chat`)."""
+    sender = message.sender_chat
+    if sender is None or on_behalf_of(message) != "chat":
+        return None
+    return str(sender.id)
 
 
 def typed_here(message: Message) -> bool:

@@ -1,4 +1,5 @@
-"""Who a chat message is from, when `allowed_user_ids` limits who commands a route.
+"""Who a chat message is from, when `allowed_user_ids` limits who commands a route and when
+anyone may: whose /tell rate and /taskcard cancel a message counts under.
 
 Through `taskcard serve` and the fake chat APIs: a person not on the list (both platforms),
 a message an administrator posts anonymously (Telegram: `sender_chat` is the group itself,
@@ -121,5 +122,48 @@ async def test_anonymous_admins_each_have_their_own_tell_rate_and_cancel(tmp_pat
                 lambda: texts("cancelled") == ["from Bob", "untitled"], what="the group's"
             )
             assert texts("queued") == ["from 7", "from Ann", "from the person 7"]
+            assert said("Too many messages") == 1
+            assert await chat.serve.aterminate() == 0
+
+
+async def test_each_channel_a_member_sends_as_is_a_writer_of_its_own(tmp_path: Path) -> None:
+    # In a group where anyone may command, a member may send as a channel ("Send as"):
+    # `sender_chat` is the channel, `from` the Channel_Bot placeholder (one id for every
+    # channel). Keyed to that id, every channel shared one /tell rate and one /taskcard
+    # cancel, and the agent read the placeholder's id as a person's. Each channel is a
+    # writer of its own, and the agent reads the channel's title.
+    limits = "[inbox]\nmax_messages = 1\nperiod_s = 600"
+    other = -1008888
+    async with chat_for("telegram", tmp_path, ["builder"], limits) as chat:
+        assert isinstance(chat, TelegramChat)
+        anyone = chat.config.read_text().replace("allowed_user_ids = [", "# allowed = [")
+        chat.config.write_text(anyone)
+        running_agent(tmp_path)
+
+        def texts(folder: str) -> list[str]:
+            return sorted(
+                json.loads(p.read_text())["text"] for p in queued(tmp_path, folder=folder)
+            )
+
+        def said(words: str) -> int:
+            return sum(words in text for text in chat.bot_texts())
+
+        with chat.serve:
+            await running_card_shown(chat)
+            chat.fake.inject_on_behalf(GROUP, "/tell builder from news", channel_id=CHANNEL)
+            chat.fake.inject_on_behalf(GROUP, "/tell builder from ops", channel_id=other)
+            await chat.say("/tell builder from the person")
+            await eventually(lambda: len(texts("queued")) == 3, what="every writer's first text")
+            senders = {
+                data["text"]: (data["from"]["user"], data["from"].get("name"))
+                for data in (json.loads(p.read_text()) for p in queued(tmp_path))
+            }
+            assert senders["from news"] == (None, f"Channel {CHANNEL}")
+            assert senders["from ops"] == (None, f"Channel {other}")
+            chat.fake.inject_on_behalf(GROUP, "/tell builder news again", channel_id=CHANNEL)
+            await eventually(lambda: said("Too many messages to builder"), what="news refused")
+            chat.fake.inject_on_behalf(GROUP, "/taskcard cancel", channel_id=other)
+            await eventually(lambda: texts("cancelled") == ["from ops"], what="ops' withdrawn")
+            assert texts("queued") == ["from news", "from the person"]
             assert said("Too many messages") == 1
             assert await chat.serve.aterminate() == 0
