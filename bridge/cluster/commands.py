@@ -179,11 +179,34 @@ def decode(raw: str) -> IncomingCommand | None:
             if not takes(value):
                 return None
             found[name] = tuple(value) if isinstance(value, list) else value
-        if "author_signature" not in data:
+        if "author_signature" not in data:  # written by an older version
+            _anonymous_admin_before(found)
             found["author_signature"] = _signature_before(found)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     return IncomingCommand(chat=ChatRef(chat_id, thread_id), **found)
+
+
+# Telegram's placeholder user GroupAnonymousBot, the `from` of every message a group's
+# administrator posts anonymously, in every group.
+GROUP_ANONYMOUS_BOT_ID = "1087968824"
+
+
+def _anonymous_admin_before(found: dict[str, Any]) -> None:
+    """An anonymous administrator's command in an entry an older version wrote (one without
+    `author_signature`), which gave it GroupAnonymousBot's id as its user id and no
+    author's name (a rolling upgrade): read back so, every anonymous administrator of every
+    group was one person, the agent read the placeholder's id, and a `/taskcard cancel` an
+    upgraded instance read found nothing of theirs. It is read as this version reads an
+    untitled one (`channels.telegram.commands.person_id` and `post_author`): no user id,
+    and the group's title as the name, so the writer is the group's, `chat:<group>`
+    (`IncomingCommand.writer`). The older entry does not carry the administrator's title,
+    so a titled one counts as the group's too."""
+    if found.get("sent_as") != "admin" or found.get("user_id") != GROUP_ANONYMOUS_BOT_ID:
+        return
+    found["user_id"] = None
+    if found.get("author_name") is None:
+        found["author_name"] = found.get("chat_title")
 
 
 def _signature_before(found: Mapping[str, Any]) -> str | None:

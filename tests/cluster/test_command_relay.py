@@ -89,3 +89,23 @@ def test_a_signature_an_older_version_relayed_as_the_name_alone_is_read_back() -
     entry = json.loads(encode(person))
     del entry["author_signature"]
     assert decode(json.dumps(entry)) == person
+
+
+def test_an_anonymous_admin_an_older_version_relayed_as_the_placeholder_is_the_groups() -> None:
+    # A version before anonymous admins were writers of their own gave the message
+    # GroupAnonymousBot's id as its user id, and no name: read back so, it was that
+    # placeholder's, in every group.
+    admin = IncomingCommand(
+        ChatRef("-100"), "builder hi", None, "12", "Fleet", command="tell", sent_as="admin",
+        author_name="Fleet",
+    )  # fmt: skip
+    entry = json.loads(encode(admin))
+    entry.update(user_id="1087968824", author_name=None)
+    del entry["author_signature"]  # written by an older version
+    read = decode(json.dumps(entry))
+    assert read == admin and read.writer == "chat:-100"
+    # Only the placeholder, only sent as the group: a person's id stays the person's.
+    person = decode(json.dumps({**entry, "user_id": "7"}))
+    assert person is not None and (person.user_id, person.author_name) == ("7", None)
+    unmarked = decode(json.dumps({**entry, "sent_as": None}))
+    assert unmarked is not None and unmarked.user_id == "1087968824"

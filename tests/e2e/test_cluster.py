@@ -1696,6 +1696,43 @@ async def test_a_delete_put_off_by_a_429_is_made_after_a_restart_from_the_shared
     assert fake.count("sendMessage") == 2
 
 
+async def test_an_anonymous_admins_command_an_older_instance_relayed_is_the_groups(
+    tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str
+) -> None:
+    """During a rolling upgrade an instance of a version that gave an anonymous
+    administrator's message GroupAnonymousBot's id as its user id relays their /tell: read
+    back so, the agent read the placeholder's id as a person's, and the administrator's
+    /taskcard cancel, read by an upgraded instance, found nothing of theirs to withdraw.
+    It reads as the group's, as an untitled administrator's message does now."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    with instance(
+        tmp_path, "i0", telegram, ["i0agent"], redis_url=redis_url, prefix=prefix
+    ) as serve:
+        publish(tmp_path / "agents" / "i0agent", "card of i0")
+        await eventually(lambda: telegram.bot_messages(GROUP), timeout_s=60, what="the card")
+        entry = {  # as the older version writes it
+            "chat_id": str(GROUP), "thread_id": None, "args": "i0agent from an admin",
+            "user_id": "1087968824", "message_id": "9001", "chat_title": f"Group {GROUP}",
+            "command": "tell", "reply_to": [], "message_thread": None,
+            "in_thread": False, "sent_as": "admin", "reordered": False,
+            "replied_author_unknown": False, "author_name": None,
+        }  # fmt: skip
+        client.xadd(f"{prefix}:cmd:telegram", {"command": json.dumps(entry)})
+        inbox = tmp_path / "agents" / "i0agent" / "inbox"
+        [message] = await eventually(
+            lambda: list((inbox / "queued").glob("*.json")), what="the admin's text"
+        )
+        sender = json.loads(message.read_text())["from"]
+        assert (sender["user"], sender.get("name")) == (None, f"Group {GROUP}")
+        telegram.inject_on_behalf(GROUP, "/taskcard cancel")  # untitled, as the old entry
+        await eventually(
+            lambda: list((inbox / "cancelled").glob("*.json")), what="the text withdrawn"
+        )
+        assert not list((inbox / "queued").glob("*.json"))
+        assert await serve.aterminate() == 0
+    client.close()
+
+
 async def test_signed_posts_an_older_instance_relayed_keep_their_signers(
     tmp_path: Path, telegram: FakeTelegram, redis_url: str, prefix: str
 ) -> None:
