@@ -120,9 +120,39 @@ class McpTool:
             name=self.name,
             description=self.description,
             input_schema=self.input_schema,
-            output_schema=self.output_schema,
+            output_schema=with_refusal_code(self.output_schema),
             annotations=self.annotations,
         )
+
+
+# The codes of the refusals this server makes itself, before any tool runs (`call_tool`).
+# Arguments the wire or the tool's schema refuse (a key given twice, a field the tool does not
+# name, a fraction where a whole number belongs, bytes that are not UTF-8, nesting too deep)
+# are the `bad_envelope` a `task_card` envelope refused by the host's schema gets: the same
+# kind of error, whichever way it was caught.
+BAD_ARGUMENTS: Final = "bad_envelope"
+UNKNOWN_TOOL: Final = "unknown_tool"
+WORKDIR_GONE: Final = "workdir_gone"
+REFUSAL_CODES: Final = (BAD_ARGUMENTS, UNKNOWN_TOOL, WORKDIR_GONE)
+
+
+def with_refusal_code(schema: dict[str, Any]) -> dict[str, Any]:
+    """A tool's output schema naming `code`, which every refusal of this server carries."""
+    code = {
+        "type": "string",
+        "description": "What kind of failure, for a program: "
+        + ", ".join(REFUSAL_CODES)
+        + ", or one of the tool's own",
+    }
+    properties = schema.get("properties", {})
+    if "code" in properties:
+        return schema
+    return {**schema, "properties": {**properties, "code": code}}
+
+
+def refusal(code: str, message: str) -> dict[str, Any]:
+    """The result of a call this server refuses itself: the shape of every failed result."""
+    return {"status": "failed", "code": code, "message": message}
 
 
 def task_card_output_schema() -> dict[str, Any]:
@@ -419,16 +449,13 @@ def build_server(
         gone = not await anyio.to_thread.run_sync(paths.workdir.is_dir)
         if tool is None:
             known = ", ".join(by_name)
-            result: dict[str, Any] = {
-                "status": "failed",
-                "message": f"unknown tool {quoted(params.name)}; this server has {known}",
-            }
+            message = f"unknown tool {quoted(params.name)}; call one this server has: {known}"
+            result: dict[str, Any] = refusal(UNKNOWN_TOOL, message)
             failed = True
         elif gone:
             # Every tool writes into the workdir, and each write made its folders again: a
             # workdir deleted (the agent's work cleared away) came back as an empty agent.
-            result = {"status": "failed", "message": workdir_gone(paths)}
-            failed = True
+            result, failed = refusal(WORKDIR_GONE, workdir_gone(paths)), True
         else:
             arguments = dict(params.arguments or {})
             refused = repeated.refusal(arguments)
@@ -436,7 +463,7 @@ def build_server(
             if stray is None and not tool.reads_own_numbers:
                 arguments, stray = whole_numbers(tool.input_schema, arguments)
             if stray is not None:
-                result, failed = {"status": "failed", "message": stray}, True
+                result, failed = refusal(BAD_ARGUMENTS, stray), True
             else:
                 result = await run_settled(tool, paths, given(arguments), ctx, deliveries)
                 failed = tool.is_error(result)

@@ -54,6 +54,7 @@ def test_a_repeated_key_in_a_tool_call_is_refused_naming_it_and_nothing_runs(
         for ident, start in refused.items():
             result = by_id[ident]["result"]
             assert result["isError"] is True, result
+            assert result["structuredContent"]["code"] == "bad_envelope", result
             message = result["structuredContent"]["message"]
             assert message.startswith(start), message
             assert message.endswith("nothing was done; send each field once"), message
