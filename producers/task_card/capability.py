@@ -735,11 +735,12 @@ class TaskCard:
     ) -> tuple[Rendered | RenderFailure | None, str]:
         """The verdict and stderr tail; None when the run was cancelled (it means nothing)."""
         max_chars = self._settings.get().max_body_chars
-        if not (self.workdir / watch.renderer_rel).is_file():
-            return RenderFailure("renderer_failed", "the renderer file is gone"), ""
         try:
             # Checked again at every run, not only at start: the file may have been swapped
-            # for a symlink out of the workdir since (docs/producer.md, "Decisions").
+            # for a symlink out of the workdir, or removed, since (docs/producer.md,
+            # "Decisions"). The one look at the path: a `Path.is_file()` before it raised
+            # what it does not take for "no" (EIO, a name too long behind a link) out of the
+            # tick, which crashed as `watch_crash` instead of failing with the system's words.
             renderer = resolve_renderer(self.workdir, watch.renderer_rel)
         except (RendererPathError, RendererUnreadable) as exc:
             return RenderFailure("renderer_failed", f"{exc}; the renderer was not run"), ""
