@@ -34,11 +34,13 @@ import tomlkit.exceptions
 import tomlkit.items
 
 from taskcard.producers.task_card.contract import (
+    LOOP_OF_LINKS,
     NotRegularFile,
     atomic_write,
     broken_link,
     dangling_link,
     json_error_place,
+    link_loop,
     read_bytes,
     read_regular,
 )
@@ -389,10 +391,8 @@ def _refuse_broken_link(path: Path) -> None:
     broken = broken_link(path)
     if broken is None:
         return
-    link, _, loop = broken
-    if loop:
-        which = "it" if link == Path(os.path.abspath(path)) else shown_path(link)
-        why = f"{which} is a symbolic link that goes round a loop of links; fix the link"
+    if broken[2]:  # the words of every path option (`contract.link_loop`)
+        why = f"{link_loop(path) or LOOP_OF_LINKS}; fix the links"
     else:
         # The words of every path option (`contract.dangling_link`).
         nowhere = dangling_link(path)

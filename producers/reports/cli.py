@@ -32,10 +32,12 @@ from taskcard.producers.reports.store import (
     write_problem,
 )
 from taskcard.producers.task_card.contract import (
+    LOOP_OF_LINKS,
     NotRegularFile,
     cannot_write,
     expand_home,
     file_kind,
+    link_loop,
     read_regular,
     terminal_json,
 )
@@ -50,6 +52,7 @@ from taskcard.producers.task_card.workdir_arg import (
     dangling_link,
     existing_workdir_arg,
     file_path_problem,
+    not_a_directory,
     shown_path,
     workdir_arg,
 )
@@ -97,9 +100,9 @@ def _read_payload(source: str) -> str:
                 f"--payload: {shown_path(source)} {dangling}; name the file itself"
             ) from None
         if exc.errno == errno.ELOOP:
+            loop = link_loop(Path(named), "cannot be read: ") or LOOP_OF_LINKS
             raise ReportError(
-                f"--payload: cannot read {shown_path(source)}: it goes round a loop of symbolic"
-                " links; fix the links, or name the file itself"
+                f"--payload: {shown_path(source)} {loop}; fix the links, or name the file itself"
             ) from None
         if exc.errno == errno.ENOTDIR and (problem := file_path_problem(Path(named))):
             # A file on the way (`notes.txt/x`) was "Not a directory", naming no file.
@@ -225,9 +228,9 @@ def _spawn_folder_arg(fix: str) -> Callable[[str], Path]:
 
     def read(text: str) -> Path:
         path = workdir_arg(text)
-        dangling = dangling_link(Path(text).expanduser(), "is not a directory: ")
-        if dangling is not None:
-            raise argparse.ArgumentTypeError(f"{shown_path(text)} {dangling}; {fix}")
+        broken = not_a_directory(text)
+        if broken != "is not a directory":  # a link leading nowhere or round a loop
+            raise argparse.ArgumentTypeError(f"{shown_path(text)} {broken}; {fix}")
         return path
 
     return read

@@ -50,7 +50,12 @@ from taskcard.producers.task_card.contract import (
     shows_text,
     utc_now_iso,
 )
-from taskcard.producers.task_card.workdir_arg import PATH_MAX, WorkdirError, given_path
+from taskcard.producers.task_card.workdir_arg import (
+    PATH_MAX,
+    WorkdirError,
+    given_path,
+    not_a_directory,
+)
 
 LINEAGE_FILE: Final = "lineage.json"
 PARENT_WORKDIR: Final = "parent_workdir"
@@ -205,8 +210,8 @@ def _check_parent(
         ) from None
     if not found:
         raise LineageError(
-            f"parent_workdir: {quoted(str(parent_workdir))} is not a directory; give the"
-            " parent's working directory, or leave it out"
+            f"parent_workdir: {quoted(str(parent_workdir))} {not_a_directory(str(parent_workdir))};"
+            " give the parent's working directory, or leave it out"
         )
     parent_at, child_at = parent_workdir.resolve(), child.resolve()
     parent_id, child_id = _identity(parent_at), _identity(child_at)
@@ -345,8 +350,8 @@ def spawn(
         ) from None
     if not usable:
         raise LineageError(
-            f"workdir: {quoted(str(child))} is not a directory; create the child's working"
-            " directory first"
+            f"workdir: {quoted(str(child))} {not_a_directory(str(child))}; create the child's"
+            " working directory first"
         )
     with _spawning(child, parent_workdir):
         return _spawn_locked(

@@ -50,7 +50,7 @@ from taskcard.producers.task_card.contract import (
     shows_text,
     utc_now_iso,
 )
-from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
+from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path, not_a_directory
 
 REPORTS_DIR: Final = "reports"
 REPORTS_FILE: Final = "reports.jsonl"
@@ -306,8 +306,8 @@ class Reports:
             ) from None
         if not usable:
             raise ReportError(
-                f"workdir: {quoted(str(self.workdir))} is not a directory; give the agent's"
-                " working directory"
+                f"workdir: {quoted(str(self.workdir))} {not_a_directory(str(self.workdir))};"
+                " give the agent's working directory"
             )
 
     def _require_folder(self) -> None:

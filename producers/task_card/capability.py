@@ -11,6 +11,7 @@ watch's late render is discarded instead of resurrecting the card.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import stat
@@ -25,14 +26,17 @@ from typing import Any, Final, Literal, TypeVar
 
 from taskcard.producers.task_card.contract import (
     HOST_DIR,
+    LOOP_OF_LINKS,
     STATUS_ACTIVE,
     STATUS_INACTIVE,
     CardPaths,
     counted,
     is_inside,
+    link_loop,
     parse_status,
     quoted,
     read_bytes,
+    shown_path,
     utc_now_iso,
 )
 from taskcard.producers.task_card.descriptor import (
@@ -242,11 +246,17 @@ class TaskCard:
     ) -> None:
         env = os.environ if environ is None else environ
         try:
-            self.workdir = given_path(workdir).resolve()
+            named = given_path(workdir)
+            self.workdir = named.resolve()
             usable = self.workdir.is_dir()
         except WorkdirError as exc:
             raise WorkdirError(f"workdir: {exc}") from None
         except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long
+            if isinstance(exc, RuntimeError) or exc.errno == errno.ELOOP:
+                raise WorkdirError(
+                    f"workdir: {shown_path(named)} {link_loop(named) or LOOP_OF_LINKS}; fix the"
+                    " links, or give the agent's working directory"
+                ) from None
             raise WorkdirError(
                 f"workdir: {quoted(str(workdir))} cannot be used ({getattr(exc, 'strerror', exc)});"
                 " give the agent's working directory"

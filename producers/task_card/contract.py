@@ -310,10 +310,37 @@ def dangling_link(
         else f"which does not exist{' yet' * yet}"
     )
     nowhere = f"leads nowhere (to {shown_path(points_to)}, {missing})"
+    return _link_words(path, link, nowhere, lead, inside)
+
+
+# What a loop of symbolic links does, in every producer's words (`link_loop`); said alone
+# when no one link on the path shows the loop (mended since the error, or a chain of more
+# links than the system follows).
+LOOP_OF_LINKS: Final = "goes round a loop of symbolic links"
+
+
+def link_loop(path: Path, lead: str = "", *, inside: Path | None = None) -> str | None:
+    """The words, after the name, for a `path` whose own name or a folder link on its way is
+    a symbolic link that goes round a loop (`broken_link`), as `dangling_link` says one that
+    leads nowhere: "is a symbolic link that goes round a loop of symbolic links (to T)", or
+    `lead` and "the symbolic link L on its path goes round a loop of symbolic links (to T)";
+    None when there is no such link. One wording for the renderer path, `--workdir`, the
+    runtime folder, a ledger or payload file and the files `init` writes: they said it three
+    ways ("in a loop of links", "goes round a loop of links", "goes round a loop of symbolic
+    links"), and some named no link. The fix is the caller's (what to give instead)."""
+    broken = broken_link(path)
+    if broken is None or not broken[2]:
+        return None
+    link, points_to, _ = broken
+    return _link_words(path, link, f"{LOOP_OF_LINKS} (to {shown_path(points_to)})", lead, inside)
+
+
+def _link_words(path: Path, link: Path, what: str, lead: str, inside: Path | None) -> str:
+    """`what` a link does, said of `path` itself or of the folder link `link` on its way."""
     if link == Path(os.path.abspath(path)):
-        return f"is a symbolic link that {nowhere}"
+        return f"is a symbolic link that {what}"
     shown = link.relative_to(inside) if inside is not None and link.is_relative_to(inside) else link
-    return f"{lead}the symbolic link {shown_path(shown)} on its path {nowhere}"
+    return f"{lead}the symbolic link {shown_path(shown)} on its path {what}"
 
 
 def _open_read(path: Path, flags: int, inside: Path | None) -> int:

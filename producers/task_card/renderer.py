@@ -85,11 +85,13 @@ from stat import S_ISREG
 from typing import ClassVar, Final, Literal, Protocol, get_args
 
 from taskcard.producers.task_card.contract import (
+    LOOP_OF_LINKS,
     body_chars,
     broken_link,
     dangling_link,
     file_kind,
     file_on_path,
+    link_loop,
     quoted,
     shows_text,
 )
@@ -251,24 +253,18 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
 
 def _refuse_broken_link(root: Path, candidate: Path, renderer_path: str) -> None:
     """`RendererPathError` naming the symbolic link on `candidate` that leads nowhere
-    (`contract.dangling_link`, the words of every path option) or round a loop, if there is
-    one: "does not exist" about a name the agent sees in its folder sent it looking for a file
-    that is there. The link is named as inside the workdir when it is."""
+    (`contract.dangling_link`, the words of every path option) or round a loop
+    (`contract.link_loop`), if there is one: "does not exist" about a name the agent sees in
+    its folder sent it looking for a file that is there. The link is named as inside the
+    workdir when it is."""
     broken = broken_link(candidate)
     if broken is None:
         return
-    link, _, loop = broken
-    if loop:
-        shown = link.relative_to(root) if link.is_relative_to(root) else link
-        itself = link == Path(os.path.abspath(candidate))
-        where = (
-            "is a symbolic link"
-            if itself
-            else f"goes through the symbolic link {quoted(str(shown))}"
-        )
+    if broken[2]:
+        loop = link_loop(candidate, "cannot be reached: ", inside=root) or LOOP_OF_LINKS
         raise RendererPathError(
-            f"renderer_path: {quoted(renderer_path)} {where} in a loop of links; fix the links,"
-            " or give the renderer's Python file itself",
+            f"renderer_path: {quoted(renderer_path)} {loop}; fix the links, or give the"
+            " renderer's Python file itself",
             "does not exist",
         )
     nowhere = dangling_link(candidate, "cannot be reached: ", inside=root)

@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Final
 
 import taskcard.producers.task_card.workdir_lock as workdir_lock
-from taskcard.producers.task_card.contract import broken_link, dangling_link, file_on_path
+from taskcard.producers.task_card.contract import (
+    LOOP_OF_LINKS,
+    broken_link,
+    dangling_link,
+    file_on_path,
+    link_loop,
+)
 from taskcard.producers.task_card.workdir_arg import shown_path
 
 
@@ -115,10 +121,7 @@ def _cannot_be_made(path: Path, why: str | None) -> None:
     file_above = file_on_path(path)
     if broken is not None:
         # A link on the way that leads nowhere, or round a loop, was "File exists" about it.
-        leads = dangling_link(path) or (
-            f"the symbolic link {shown_path(broken[0])} on its path goes round a loop of"
-            " symbolic links"
-        )
+        leads = dangling_link(path) or link_loop(path) or LOOP_OF_LINKS
         why = f": {leads}"
     elif file_above is not None:  # "File exists" or "Not a directory" about a folder name
         why = f": {shown_path(file_above)} on its path is a file, not a folder"

@@ -20,11 +20,18 @@ import os
 from pathlib import Path
 from typing import Final
 
+from taskcard.producers.task_card.contract import (
+    LOOP_OF_LINKS,
+    expand_home,
+    file_on_path,
+    link_loop,
+    quoted,
+)
+
 # `PATH_MAX`, `shown_path` and `dangling_link` live in the contract, where the service's
 # notes use them too; the commands read them from here as before.
 from taskcard.producers.task_card.contract import PATH_MAX as PATH_MAX
 from taskcard.producers.task_card.contract import dangling_link as dangling_link
-from taskcard.producers.task_card.contract import expand_home, file_on_path, quoted
 from taskcard.producers.task_card.contract import shown_path as shown_path
 
 # The fix named by every refusal of a `--workdir` that is no (usable) directory.
@@ -47,11 +54,12 @@ def expand_workdir(text: str, base: Path | None = None) -> Path:
     if path is None:
         raise WorkdirError(f"{text!r} cannot be expanded (no such user); give the full path")
     try:
-        return ((base if base is not None else Path.cwd()) / path).resolve()
+        full = (base if base is not None else Path.cwd()) / path
+        return full.resolve()
     except RuntimeError:  # a loop of symbolic links: "cannot be expanded" named no loop
         raise WorkdirError(
-            f"{text!r} goes round a loop of symbolic links; fix the links, or give the"
-            " folder itself"
+            f"{shown_path(text)} {link_loop(full) or LOOP_OF_LINKS}; fix the links, or give"
+            " the folder itself"
         ) from None
     except (ValueError, OSError):  # a NUL byte; a current folder that was deleted
         raise WorkdirError(f"{text!r} is not a usable path; give the full path") from None
@@ -107,11 +115,13 @@ def existing_workdir_arg(text: str) -> Path:
 
 def not_a_directory(text: str) -> str:
     """Why the folder name `text` (one that names no directory) names none, after the name:
-    "is not a directory", or the symbolic link that leads nowhere on it and where it points.
-    Resolved, the name had followed the link, and "is not a directory" about a name `ls`
-    shows as one sent the user looking at the wrong end of the link."""
-    dangling = dangling_link(Path(text).expanduser(), "is not a directory: ")
-    return "is not a directory" if dangling is None else dangling
+    "is not a directory", or the symbolic link that leads nowhere or round a loop on it and
+    where it points (`dangling_link`, `link_loop`). Resolved, the name had followed the link,
+    and "is not a directory" about a name `ls` shows as one sent the user looking at the
+    wrong end of the link."""
+    path = Path(text).expanduser()
+    lead = "is not a directory: "
+    return dangling_link(path, lead) or link_loop(path, lead) or "is not a directory"
 
 
 def file_path_problem(path: Path) -> str | None:
@@ -126,7 +136,8 @@ def file_path_problem(path: Path) -> str | None:
         os.stat(path)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return "goes round a loop of symbolic links; fix the links, or give the file itself"
+            loop = link_loop(path, "cannot be reached: ") or LOOP_OF_LINKS
+            return f"{loop}; fix the links, or give the file itself"
         if exc.errno == errno.ENOTDIR:
             on_way = file_on_path(path)
             where = "" if on_way is None else f" ({shown_path(on_way)} is a file)"

@@ -50,8 +50,9 @@ def test_a_codex_config_in_a_loop_of_links_is_refused_in_one_line(
     )
     assert (done.returncode, done.stdout) == (2, b""), done.stderr
     assert done.stderr.decode() == (
-        f"taskcard init: {tmp_path / 'a.toml'}: it is a symbolic link that goes round a loop"
-        " of links; fix the link, then run init again (nothing was written)\n"
+        f"taskcard init: {tmp_path / 'a.toml'}: is a symbolic link that goes round a loop of"
+        " symbolic links (to b.toml); fix the links, then run init again (nothing was"
+        " written)\n"
     )
 
 

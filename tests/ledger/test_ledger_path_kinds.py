@@ -85,7 +85,8 @@ def test_a_ledger_in_a_loop_of_links_is_said_as_one(workdir: Path, command: str)
     done = _ledger(workdir, COMMANDS[command], "loop.json")
     _refused(
         done,
-        "loop.json goes round a loop of symbolic links; fix the links, or give the file itself",
+        "loop.json is a symbolic link that goes round a loop of symbolic links (to loop.json);"
+        " fix the links, or give the file itself",
     )
 
 

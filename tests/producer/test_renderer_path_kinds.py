@@ -90,7 +90,7 @@ async def test_a_renderer_path_that_is_no_file_says_what_it_is(
     assert cli.json("card", "start", "r.py")["status"] == "watching"
 
 
-LINKS = ["dangling", "folder link", "loop"]
+LINKS = ["dangling", "folder link", "loop", "folder loop"]
 
 
 def _broken(workdir: Path, kind: str) -> tuple[str, str]:
@@ -108,9 +108,19 @@ def _broken(workdir: Path, kind: str) -> tuple[str, str]:
             " (to nowhere, which does not exist); create what it points to, or give the"
             " renderer's Python file itself"
         )
+    if kind == "folder loop":  # named as the agent sees it, from the workdir
+        (workdir / "cards").symlink_to("cards")
+        return "cards/r.py", (
+            "'cards/r.py' cannot be reached: the symbolic link cards on its path goes round a"
+            " loop of symbolic links (to cards); fix the links, or give the renderer's Python"
+            " file itself"
+        )
     (workdir / "r.py").symlink_to("s.py")
     (workdir / "s.py").symlink_to("r.py")
-    return "r.py", "'r.py' is a symbolic link in a loop of links; fix the links"
+    return "r.py", (
+        "'r.py' is a symbolic link that goes round a loop of symbolic links (to s.py); fix the"
+        " links, or give the renderer's Python file itself"
+    )
 
 
 @pytest.mark.parametrize("kind", LINKS)

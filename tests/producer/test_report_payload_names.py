@@ -70,7 +70,10 @@ def test_a_payload_behind_a_broken_link_says_the_link(
         named = workdir / "a.md"
         named.symlink_to("b.md")
         (workdir / "b.md").symlink_to("a.md")
-        says = f"cannot read {named}: it goes round a loop of symbolic links; fix the links"
+        says = (
+            f"{named} is a symbolic link that goes round a loop of symbolic links (to b.md);"
+            " fix the links, or name the file itself"
+        )
     done = _report(workdir, "--summary", "s", "--payload", str(named))
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert done.stderr.startswith(f"taskcard report: --payload: {says}"), done.stderr

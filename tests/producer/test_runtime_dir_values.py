@@ -234,7 +234,10 @@ def test_a_runtime_dir_that_is_no_folder_is_refused_naming_the_fix(
         )
     else:
         named.symlink_to("rt")
-        problem = f"{cannot} the symbolic link {named} on its path goes round a loop of"
+        problem = (
+            f"{cannot} the symbolic link {named} on its path goes round a loop of symbolic"
+            " links (to rt); set"
+        )
     if kind not in ("file", "dangling link", "link to a dangling link"):
         named = sub
     for env, options in (

@@ -222,6 +222,28 @@ def test_the_python_api_refuses_a_file_given_as_the_workdir(
     assert (home / "notes.txt").read_text() == "keep"
 
 
+def test_the_python_api_names_a_loop_of_links_given_as_the_workdir(
+    home: Path, runtime_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder in a loop of links was "cannot be used (Too many levels of symbolic links)"
+    from `TaskCard` and "is not a directory" from the others, naming no link: each says it in
+    the words of every command (`contract.link_loop`)."""
+    monkeypatch.chdir(home / "elsewhere")
+    (home / "a").symlink_to("b")
+    (home / "b").symlink_to("a")
+    loop = "a symbolic link that goes round a loop of symbolic links (to b); "
+    for name, (call, error, field) in _api_calls(runtime_dir, home / "agent").items():
+        if name in ("Ledger", "read_lineage", "peek"):
+            continue  # they read a file under it: said as a file they cannot read
+        with pytest.raises(error) as raised:
+            call(str(home / "a"))
+        message = str(raised.value)
+        assert message.startswith(f"{field}{home / 'a'}") or message.startswith(
+            f"{field}'{home / 'a'}'"  # the reports' errors quote the name
+        ), (name, message)
+        assert f" is {loop}" in message, (name, message)
+
+
 def test_an_empty_ledger_option_is_refused_not_read_as_the_workdir(home: Path) -> None:
     done = _run(
         ["ledger", "init", "t1", "--purpose", "p", "--ledger", ""], str(home / "agent"), home
@@ -255,7 +277,10 @@ def test_a_workdir_behind_a_broken_link_or_unknown_home_is_said_as_such(
         (tmp_path / "a").symlink_to("b")
         (tmp_path / "b").symlink_to("a")
         given = str(tmp_path / "a")
-        says = f"{given!r} goes round a loop of symbolic links; fix the links, or give"
+        says = (
+            f"{given} is a symbolic link that goes round a loop of symbolic links (to b); fix"
+            " the links, or give the folder itself"
+        )
     else:
         given = "~no-such-user-here/agent"
         says = f"{given!r} cannot be expanded (no such user); give the full path"
