@@ -69,6 +69,7 @@ from taskcard.producers.task_card.contract import cannot_write as contract_canno
 from taskcard.producers.task_card.workdir_arg import (
     WorkdirError,
     dangling_link,
+    file_path_problem,
     given_path,
     shown_path,
 )
@@ -323,7 +324,7 @@ class Ledger:
             with handle:
                 data = handle.read(MAX_LEDGER_BYTES + 1)
         except OSError as exc:  # a file on the way (`_open`), or the read itself
-            raise LedgerError(f"ledger {self.shown}: cannot read it ({exc.strerror})") from None
+            raise self._cannot_read(exc) from None
         if len(data) > MAX_LEDGER_BYTES:
             raise LedgerError(
                 f"ledger {self.shown}: larger than {MAX_LEDGER_BYTES} bytes, the most a ledger"
@@ -353,7 +354,29 @@ class Ledger:
         except OutsideWorkdir:
             raise self._outside() from None
         except OSError as exc:
-            raise LedgerError(f"ledger {self.shown}: cannot read it ({exc.strerror})") from None
+            raise self._cannot_read(exc) from None
+
+    def _cannot_read(self, exc: OSError) -> LedgerError:
+        """Why the ledger could not be read, naming the file, and what to do: the words of
+        `--ledger` for a name that cannot be a ledger (`file_path_problem`: a link that leads
+        nowhere or round a loop, a file on the way, a name too long), what is there and the
+        fix for a file of another kind, else the system's words with the errno and the fix.
+        The Python API and the MCP tool said "cannot read it (Not a directory)" and no more,
+        while the command line, which looks at its option first, named the file on the way."""
+        problem = file_path_problem(self.path)
+        if problem is not None:
+            return LedgerError(f"ledger {self.shown} {problem}")
+        if isinstance(exc, NotRegularFile):  # its words say what is there and the fix
+            return LedgerError(f"ledger {self.shown}: cannot read it ({exc.strerror})")
+        name = errno.errorcode.get(exc.errno or 0)
+        why = f"{exc.strerror}, {name}" if name else str(exc.strerror or exc)
+        fix = (
+            "give yourself read access to it and to the folders above it"
+            if exc.errno in (errno.EACCES, errno.EPERM)
+            else "nothing is wrong with the name: call again, and if it keeps failing, check"
+            " the file system that holds it"
+        )
+        return LedgerError(f"ledger {self.shown}: cannot read it ({why}); {fix}")
 
     def task(self, task_id: str) -> TaskRecord:
         return self.require(self.read(), task_id)
