@@ -549,14 +549,7 @@ class TaskCard:
                 }
             if watch.state in ("stopping", "stop_failed"):
                 return _failed(f"watch {watch_id} is stopping; stop it again or remove it")
-            # One card per agent: an older watch's render would overwrite the card of the
-            # watch that replaced it, and a removed card must stay removed.
-            current = self._current
-            why = None
-            if watch.removed:
-                why = "its card was removed; start a new watch"
-            elif current is not None and current is not watch:
-                why = f"watch {current.watch_id} replaced it; retry {current.watch_id} instead"
+            why = self._cannot_render(watch)
             if why is not None:
                 return {
                     **self._view(watch),
@@ -726,6 +719,26 @@ class TaskCard:
             "status_value": parse_status(read_bytes(self.paths.status)),
         }
 
+    def _cannot_render(self, watch: _Watch) -> str | None:
+        """Why `retry` may not render `watch` at all, or None. One card per agent: an older
+        watch's render would overwrite the card of the watch that replaced it, and a removed
+        card must stay removed. Under the lock."""
+        current = self._current
+        if watch.removed:
+            return "its card was removed; start a new watch"
+        if current is not None and current is not watch:
+            return f"watch {current.watch_id} replaced it; retry {current.watch_id} instead"
+        return None
+
+    def _final_retry_available(self, watch: _Watch) -> bool:
+        """Whether `retry` would give the exhausted `watch` its one final render now. Under
+        the lock."""
+        return (
+            watch.state == "exhausted"
+            and not watch.final_retry_used
+            and self._cannot_render(watch) is None
+        )
+
     def _view(self, watch: _Watch) -> Result:
         thread = watch.thread
         if thread is not None and not thread.is_alive() and not watch.stop_event.is_set():
@@ -738,6 +751,9 @@ class TaskCard:
             "max_refreshes": watch.max_refreshes,
             "refreshes_remaining": max(0, watch.max_refreshes - watch.refreshes_used),
             "stop_reason": watch.stop_reason,
+            # The one render an exhausted watch still has (the manual's "retry once more to
+            # publish a final state"): said only by the refusal of a second one before.
+            "final_retry_available": self._final_retry_available(watch),
         }
 
     def _render(

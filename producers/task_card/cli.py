@@ -121,6 +121,13 @@ def summarize(result: dict[str, Any]) -> str:
         lines.append(f"  every {result['interval_s']:g} s, renderer {result.get('renderer_path')}")
     if result.get("stop_reason"):
         lines.append(f"  why it stopped: {stop_reason_text(result['stop_reason'])}")
+    if result.get("status") == "exhausted":
+        final = result.get("final_retry_available")
+        lines.append(
+            "  final retry: available (retry once to publish a final state)"
+            if final
+            else "  final retry: not available (start a new watch to publish again)"
+        )
     error = result.get("error")
     if isinstance(error, dict):
         # The message may quote the renderer's own output: one plain line, no escapes.

@@ -167,6 +167,11 @@ def task_card_output_schema() -> dict[str, Any]:
             },
             "message": {"type": "string", "description": "Why a call failed, and the fix."},
             "summary": {"type": "string", "description": "One line, when summarize is true."},
+            "final_retry_available": {
+                "type": "boolean",
+                "description": "true: the watch is exhausted and one retry may still publish"
+                " a final state",
+            },
         },
         "required": ["status"],
     }

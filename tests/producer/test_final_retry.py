@@ -33,6 +33,9 @@ def test_an_exhausted_watch_gets_one_final_retry(workdir: Path, cli: CliHost) ->
     write_renderer(workdir, "r.py", COUNTER_RENDERER)
     start_and_exhaust(cli)
     assert body(workdir) == "# Work\nrender 2\n"
+    assert cli.json("card", "inspect", "tc_1")["final_retry_available"] is True
+    said = cli.run("card", "inspect", "tc_1").stdout
+    assert "  final retry: available (retry once to publish a final state)\n" in said, said
     final = cli.run("card", "retry", "tc_1")
     assert final.returncode == 0, final.stdout
     assert final.stdout.startswith("retry: exhausted (watch tc_1)\n")
@@ -40,6 +43,9 @@ def test_an_exhausted_watch_gets_one_final_retry(workdir: Path, cli: CliHost) ->
     assert status(workdir) == b"inactive"  # the watch stays retired
     inspected = cli.json("card", "inspect", "tc_1")
     assert (inspected["status"], inspected["last_body"]) == ("exhausted", "# Work\nrender 3\n")
+    assert inspected["final_retry_available"] is False
+    said = cli.run("card", "inspect", "tc_1").stdout
+    assert "  final retry: not available (start a new watch to publish again)\n" in said, said
     again = cli.run("card", "retry", "tc_1")
     assert again.returncode == 1, again.stdout
     assert "its one final retry; start a new watch" in again.stdout
@@ -48,18 +54,24 @@ def test_an_exhausted_watch_gets_one_final_retry(workdir: Path, cli: CliHost) ->
     refused = json.loads(as_tool.stdout)
     assert refused["status"] == "failed" and "start a new watch" in refused["message"]
     assert body(workdir) == "# Work\nrender 3\n"  # nothing rendered for the refusals
-    assert cli.json("card", "start", "r.py", "--interval-s", "3600")["status"] == "watching"
+    started = cli.json("card", "start", "r.py", "--interval-s", "3600")
+    assert (started["status"], started["final_retry_available"]) == ("watching", False)
 
 
 async def test_the_final_retry_through_mcp(workdir: Path, cli: CliHost) -> None:
     write_renderer(workdir, "r.py", COUNTER_RENDERER)
     start_and_exhaust(cli)
     async with cli.mcp() as session:
+        look = envelope("inspect", watch_id="tc_1")
+        inspected = await session.call_tool("task_card", look)
+        assert isinstance(inspected.structured_content, dict)
+        assert inspected.structured_content["final_retry_available"] is True
         retry = envelope("retry", watch_id="tc_1")
         final = await session.call_tool("task_card", retry)
         assert not final.is_error
         assert isinstance(final.structured_content, dict)
         assert final.structured_content["status"] == "exhausted"
+        assert final.structured_content["final_retry_available"] is False
         assert body(workdir) == "# Work\nrender 3\n"
         assert status(workdir) == b"inactive"
         again = await session.call_tool("task_card", retry)
@@ -74,7 +86,10 @@ def test_the_final_retry_is_known_to_a_later_host(workdir: Path, cli: CliHost) -
     write_renderer(workdir, "r.py", COUNTER_RENDERER)
     start_and_exhaust(cli)
     cli.shutdown()  # as the idle grace ends it: the next host knows the watch from its record
+    assert cli.json("card", "inspect", "tc_1")["final_retry_available"] is True
     assert cli.run("card", "retry", "tc_1").returncode == 0
+    cli.shutdown()
+    assert cli.json("card", "inspect", "tc_1")["final_retry_available"] is False
     assert body(workdir) == "# Work\nrender 3\n"
     assert status(workdir) == b"inactive"
     cli.shutdown()
