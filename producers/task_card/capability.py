@@ -1122,8 +1122,17 @@ class TaskCard:
             used = max(used, tallied)  # refreshes spent after the descriptor was written
         timeout_s, max_refreshes = self._resume_ceilings(descriptor)
         if used >= max_refreshes:
+            # The budget ran out with no host to end the watch (one killed once its last tick
+            # spent it), or a ceiling lowered meanwhile took it: cleared and left inactive, as
+            # the manual has a boot do with a stale descriptor, never resumed. It is known as
+            # exhausted, as the host that saw it run out would have left it, so `inspect`
+            # answers for it and the one final `retry` the manual offers a watch that expired
+            # is still there; it was "not resumed: start a new watch", the final retry lost.
             self._retire_stale(f"{descriptor.watch_id} has no refresh budget left")
-            self._not_resumed = (descriptor.watch_id, "it had no refresh budget left")
+            watch = self._known_ended(descriptor, "exhausted", timeout_s, max_refreshes, used)
+            # Its notice, keyed by the watch: a host killed before it sent it never did.
+            self._notify(watch, TaskCardLimitNotification(watch.watch_id, watch.max_refreshes))
+            self._record_ended(watch)
             return
         watch = _Watch.of(descriptor, timeout_s, max_refreshes, used)
         if descriptor.error_code is not None:
@@ -1172,15 +1181,38 @@ class TaskCard:
         descriptor = ended.descriptor
         timeout_s, max_refreshes = self._resume_ceilings(descriptor)
         spent = descriptor.refreshes_used >= max_refreshes
+        self._known_ended(
+            descriptor,
+            "exhausted" if spent else ended.state,
+            timeout_s,
+            max_refreshes,
+            descriptor.refreshes_used,
+            last_body_at=ended.last_body_at,
+            final_retry_used=ended.final_retry_used,
+        )
+
+    def _known_ended(
+        self,
+        descriptor: WatchDescriptor,
+        state: str,
+        timeout_s: float,
+        max_refreshes: int,
+        used: int,
+        *,
+        last_body_at: str | None = None,
+        final_retry_used: bool = False,
+    ) -> _Watch:
+        """The ended watch `descriptor` kept, made this host's current one: stopped or
+        exhausted, with no updater, known to `inspect` and `retry`."""
         watch = _Watch.of(
             descriptor,
             timeout_s,
             max_refreshes,
-            descriptor.refreshes_used,
-            state="exhausted" if spent else ended.state,
-            stop_reason="max_refreshes" if spent or ended.state == "exhausted" else "stopped",
-            last_body_at=ended.last_body_at,
-            final_retry_used=ended.final_retry_used,
+            used,
+            state=state,
+            stop_reason="max_refreshes" if state == "exhausted" else "stopped",
+            last_body_at=last_body_at,
+            final_retry_used=final_retry_used,
         )
         if descriptor.error_code is not None:
             # The episode is still open: a retry that publishes sends its recovery, one that
@@ -1192,6 +1224,7 @@ class TaskCard:
         self._seen_watch_number = max(self._seen_watch_number, watch_number(watch.watch_id))
         self._watches[watch.watch_id] = watch
         self._current = watch
+        return watch
 
     def _record_ended(self, watch: _Watch) -> None:
         """Keep a stopped or exhausted watch for later hosts (`descriptor.write_ended`); a

@@ -603,8 +603,14 @@ def test_a_stale_or_corrupt_descriptor_is_cleared_and_leaves_the_card_inactive(
     assert not (folder / "watch.json").exists()
     assert (folder / "status").read_bytes() == b"inactive"
     refused = card.call(envelope("inspect", watch_id="tc_1"))
-    assert refused["status"] == "failed"
-    if "renderer_path" in descriptor:  # a whole descriptor: the agent is told why
+    if '"refreshes_used": 5' in descriptor:
+        # No budget left: not resumed, but known as exhausted, with its final retry
+        # (test_final_retry drives it through processes).
+        assert (refused["status"], refused["final_retry_available"]) == ("exhausted", True)
+        assert (folder / "taskcard.md").read_text() == "old body"  # nothing rendered
+    else:
+        assert refused["status"] == "failed"
+    if "gone.py" in descriptor:  # a whole descriptor: the agent is told why
         assert "tc_1 was not resumed when this host started: it" in refused["message"]
         assert "start a new watch" in refused["message"]
     assert start(card, interval_s=3600)["watch_id"] == "tc_2"

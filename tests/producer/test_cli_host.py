@@ -331,10 +331,11 @@ def test_ceilings_lowered_while_no_host_runs_cap_the_resumed_watch(
     assert (inspected["refreshes_remaining"], inspected["timeout_s"]) == (7, 2)
     assert json.loads((workdir / "taskcard" / "watch.json").read_text())["max_refreshes"] == 10
     cli.shutdown()
-    # Lowered under what the watch already spent: nothing is left, the card goes inactive.
+    # Lowered under what the watch already spent: nothing is left, the card goes inactive,
+    # and the watch is known as exhausted, its final retry still there (test_final_retry).
     settings.write_text(json.dumps({"max_refreshes": 3}))
-    refused = cli.json("card", "inspect", "tc_1")
-    assert refused["status"] == "failed"
+    ended = cli.json("card", "inspect", "tc_1")
+    assert (ended["status"], ended["final_retry_available"]) == ("exhausted", True)
     assert not (workdir / "taskcard" / "watch.json").exists()
     assert (workdir / "taskcard" / "status").read_bytes() == b"inactive"
 

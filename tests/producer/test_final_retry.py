@@ -11,7 +11,15 @@ import signal
 import subprocess
 from pathlib import Path
 
-from .conftest import COUNTER_RENDERER, CliHost, envelope, wait_for, write_renderer
+from .conftest import (
+    COUNTER_RENDERER,
+    CliHost,
+    envelope,
+    notifications,
+    pid_alive,
+    wait_for,
+    write_renderer,
+)
 
 
 def body(workdir: Path) -> str:
@@ -165,3 +173,43 @@ def test_a_host_killed_during_the_final_retry_gives_no_second_one(
     again = cli.run("card", "retry", "tc_1")  # a new host, from the record
     assert again.returncode == 1, again.stdout
     assert "its one final retry; start a new watch" in again.stdout
+
+
+def test_a_watch_whose_budget_ran_out_while_no_host_ran_keeps_its_final_retry(
+    workdir: Path, cli: CliHost
+) -> None:
+    """The manual reads `max-refreshes` again at each resume, so a ceiling the owner lowered
+    while the host was dead can leave a watch with its budget spent. The next host cleared
+    it and left the card inactive (the manual's stale descriptor) and then knew nothing of
+    it: "not resumed ... start a new watch", so the final retry the manual offers a watch
+    that expired was lost. It is still not resumed (nothing renders at boot, the card stays
+    inactive), but it is known as exhausted, its limit notice goes out, and the final retry
+    is there, also for a host started after that one."""
+    write_renderer(workdir, "r.py", COUNTER_RENDERER)
+    started = cli.run("card", "start", "r.py", "--interval-s", "3600", "--max-refreshes", "10")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert cli.run("card", "retry", "tc_1").returncode == 0  # one refresh spent: render 2
+    pid = cli.host_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(pid))
+    (workdir / "taskcard" / "taskcard.json").write_text('{"max_refreshes": 1}')
+    inspected = cli.json("card", "inspect", "tc_1")  # a new host, from watch.json
+    assert (inspected["status"], inspected["stop_reason"]) == ("exhausted", "max_refreshes")
+    assert inspected["final_retry_available"] is True, inspected
+    assert body(workdir) == "# Work\nrender 2\n"  # not rendered at boot
+    assert status(workdir) == b"inactive"
+    assert not (workdir / "taskcard" / "watch.json").exists()
+    limits = [n for n in notifications(workdir) if n["source"] == "task_card.limit"]
+    assert [n["extra"]["watch_id"] for n in limits] == ["tc_1"]
+    final = cli.run("card", "retry", "tc_1")
+    assert final.returncode == 0, final.stdout
+    assert body(workdir) == "# Work\nrender 3\n"
+    assert status(workdir) == b"inactive"
+    cli.shutdown()
+    later = cli.json("card", "inspect", "tc_1")
+    assert (later["status"], later["final_retry_available"]) == ("exhausted", False)
+    again = cli.run("card", "retry", "tc_1")
+    assert again.returncode == 1, again.stdout
+    assert "its one final retry; start a new watch" in again.stdout
+    assert len([n for n in notifications(workdir) if n["source"] == "task_card.limit"]) == 1
