@@ -1270,7 +1270,13 @@ class InboxDesk:
         report of the child read such a note as no wake to take back and dropped it, the
         reports left in `cancelled/` for good. An instance still writing the carrier (it
         serves the child, and lost no lease) then queues it beside the wake moved back:
-        the agent reads those reports twice, rather than never."""
+        the agent reads those reports twice, rather than never.
+
+        Each row is deleted or rewritten only while it still holds what was read
+        (`StateStore.replace_cursor_if`): clustered, the instance writing the child's wakes
+        may rewrite it meanwhile (its carrier queued, the row then names that wake as the
+        one still queued), and that newer row must stay, or the child's next report does
+        not join the wake queued."""
         for key, value in self._report_rows().items():
             try:
                 parent_id, child_id = json.loads(key[len(REPORT_WAKE_CURSOR) :])
@@ -1305,15 +1311,16 @@ class InboxDesk:
             if owed is not None and any(w.withdrawn == ident for w in owed.wakes.values()):
                 # Owed with its carrier, which carries it (a stop came before the note
                 # went): put back too, it reached the agent twice.
-                self._store.delete_cursors([key])
+                self._store.replace_cursor_if(key, value, None)
                 continue
             try:
                 if writer.location(carrier) != "missing":
                     writer.discard_cancelled(ident)
-                    self._store.delete_cursors([key])
+                    self._store.replace_cursor_if(key, value, None)
                     continue
                 if not writer.restore(ident):
-                    self._store.delete_cursors([key])  # not in `cancelled/`: nothing to do
+                    # Not in `cancelled/`: nothing to do.
+                    self._store.replace_cursor_if(key, value, None)
                     continue
             except InboxRefused as error:
                 log.warning(
@@ -1323,8 +1330,8 @@ class InboxDesk:
                     error,
                 )
                 continue
-            self._report_wakes[(parent_id, child_id)] = (ident, body)
-            self._store.set_cursor(key, json.dumps([ident, body]))
+            if self._store.replace_cursor_if(key, value, json.dumps([ident, body])):
+                self._report_wakes[(parent_id, child_id)] = (ident, body)
             log.info(
                 "agent %s: the wake about %s taken back by a wake a stop kept from being"
                 " written is queued again",

@@ -273,6 +273,21 @@ class StateStore(ABC):
         """Forget these cursors (`get_cursor` gives None for them after); unknown keys are
         ignored."""
 
+    def replace_cursor_if(self, key: str, expected: str, value: str | None) -> bool:
+        """Set the cursor to `value` (None: delete it) only while it still holds `expected`;
+        whether it did. For a row another writer may rewrite between this caller's read and
+        its write (a cluster's instances share the cursors), so that the newer row is never
+        written over or deleted. Here, for a store with one writer (SQLite: one service per
+        file, `serve.lock`), a read and a write; a shared store does both in one atomic
+        step."""
+        if self.get_cursor(key) != expected:
+            return False
+        if value is None:
+            self.delete_cursors([key])
+        else:
+            self.set_cursor(key, value)
+        return True
+
     # Sets of names ---------------------------------------------------------------------------
     # An index the service reads often, where reading every row it indexes would cost per
     # agent served (the agents that owe wakes). Here one cursor per member under

@@ -505,6 +505,16 @@ RELEASE_IF_HELD = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# KEYS: the cursors, the field's version. ARGV: field, the value expected, the new value, '1'
+# to write it ('0' to delete the field). Writes only while the field still holds the value
+# expected (not while absent); the version goes as `set_cursor` and `delete_cursors` drop it.
+CURSOR_IF_UNCHANGED = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+if ARGV[4] == '1' then redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+else redis.call('HDEL', KEYS[1], ARGV[1]) end
+redis.call('DEL', KEYS[2])
+return 1
+"""
 # A change_cursor that lost this many tries in a row to other writers takes the field's turn:
 # the others wait for it (see `RedisStore.change_cursor`).
 CLAIM_AFTER = 3
@@ -643,6 +653,7 @@ class RedisStore(StateStore):
         self._replace = client.register_script(_REPLACE)
         self._change_field = client.register_script(_CHANGE_FIELD)
         self._release_if_held = client.register_script(RELEASE_IF_HELD)
+        self._cursor_if_unchanged = client.register_script(CURSOR_IF_UNCHANGED)
 
     @property
     def client(self) -> redis.Redis:
@@ -1090,6 +1101,15 @@ class RedisStore(StateStore):
             pipe.hdel(self.key("cursors"), *wanted)
             pipe.delete(*(self._version_key(key) for key in wanted))
             pipe.execute()
+
+    def replace_cursor_if(self, key: str, expected: str, value: str | None) -> bool:
+        """One script: another instance's write between the caller's read and this one is
+        never written over or deleted."""
+        answer = self._cursor_if_unchanged(
+            keys=[self.key("cursors"), self._version_key(key)],
+            args=[key, expected, value or "", "0" if value is None else "1"],
+        )
+        return bool(answer)
 
     # Sets of names -------------------------------------------------------------------------
 

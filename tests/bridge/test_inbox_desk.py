@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,6 +30,7 @@ from taskcard.bridge.run.inbox_desk import (
     status_key,
 )
 from taskcard.bridge.schedule.scheduler import RouteScheduler
+from taskcard.bridge.store.redis import RedisStore, connect
 from taskcard.bridge.store.sqlite import SqliteStore
 from taskcard.bridge.track.activity import ActivitySummary
 from taskcard.channels.base import ChatRef
@@ -499,3 +502,92 @@ async def test_a_stop_as_a_wake_carrying_one_taken_back_is_owed_loses_no_report(
     assert texts == expected, texts
     assert list((inbox / "cancelled").iterdir()) == []
     await scheduler.stop()
+
+
+def report_wake_texts(inbox: Path) -> list[str]:
+    """The texts of the wakes queued in `inbox`, sorted."""
+    return sorted(json.loads(p.read_text())["text"] for p in (inbox / "queued").iterdir())
+
+
+async def test_a_lease_gained_keeps_the_report_wake_row_a_live_writer_rewrote_after_its_read(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Two instances on a real Redis. `writer` serves worker and wakes lead for its reports;
+    `gainer` gains lead's lease as worker's second report is written: the writer has taken
+    the first wake back (noted in the store with the wake to carry it) and queued that
+    carrier, and is about to note the carrier as worker's wake still queued. The gainer reads
+    the note, the writer rewrites it, then the gainer finds the carrier queued and is done
+    with the note. It leaves the writer's row: worker's third report, written by an instance
+    that took worker's lease since (the writer's memory gone), joins the carrier, and lead
+    has one wake with the three reports. The gainer deleted the row without looking: the
+    third report got a wake of its own. The writer runs in a thread held at its rewrite, the
+    gainer's read of the rows lets it go on and waits for it: no timing."""
+    for agent in ("lead", "worker"):
+        (tmp_path / agent).mkdir()
+    workdirs = {"lead": tmp_path / "lead", "worker": tmp_path / "worker"}
+    prefix = f"test-{uuid.uuid4().hex}"
+    stores = [RedisStore(connect(redis_url), prefix) for _ in range(3)]
+    channel = ScriptedChannel()
+    scheduler = await started(stores[0], channel)
+    now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+
+    def desk(shared: RedisStore) -> InboxDesk:
+        return InboxDesk(
+            InboxConfig(max_messages=100),
+            shared,
+            scheduler,
+            {"fake": channel},
+            workdirs,
+            clock=lambda: now,
+            activity=lambda _agent: ActivitySummary(state="running"),
+            zone=lambda _channel, _chat: UTC,
+            render=lambda ch, view: ch.render_card(view),
+            shared=True,
+        )
+
+    writer, gainer, successor = (desk(shared) for shared in stores)
+    writer.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    at_rewrite, gainer_read = threading.Event(), threading.Event()
+    set_cursor = stores[0].set_cursor
+
+    def held_at_rewrite(key: str, value: str) -> None:
+        if key == row and len(json.loads(value)) == 2:  # the carrier noted as still queued
+            at_rewrite.set()
+            assert gainer_read.wait(60), "the gainer never read the rows"
+        set_cursor(key, value)
+
+    stores[0].set_cursor = held_at_rewrite  # type: ignore[method-assign]
+    second = threading.Thread(
+        target=writer.wake,
+        args=("lead", "worker", "report:2", "worker reported 2"),
+        kwargs={"report": True},
+    )
+    second.start()
+    assert at_rewrite.wait(60), "the writer never queued its carrier"
+    note = stores[1].get_cursor(row)
+    assert note is not None and len(json.loads(note)) == 3, note
+    get_cursors = stores[1].get_cursors
+
+    def read_then_the_writer_rewrites(keys: Iterable[str]) -> dict[str, str]:
+        found = get_cursors(keys)
+        if row in found:
+            gainer_read.set()
+            second.join(60)
+            assert not second.is_alive(), "the writer never finished"
+        return found
+
+    stores[1].get_cursors = read_then_the_writer_rewrites  # type: ignore[method-assign]
+    gainer.take_agent("lead")
+    assert gainer_read.is_set(), "the gainer never read the note"
+    [queued] = (tmp_path / "lead" / "inbox" / "queued").iterdir()
+    carrier = json.loads(queued.read_text())
+    assert carrier["text"] == "worker reported 1\nworker reported 2"
+    assert json.loads(stores[2].get_cursor(row) or "null") == [carrier["id"], carrier["text"]]
+    successor.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == [
+        "worker reported 1\nworker reported 2\nworker reported 3"
+    ]
+    await scheduler.stop()
+    for shared in stores:
+        shared.close()

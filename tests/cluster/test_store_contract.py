@@ -185,6 +185,29 @@ def test_a_cursor_is_changed_from_the_value_it_holds(opener: Opener) -> None:
     assert opener().get_cursor("doc") == "a"
 
 
+def test_a_cursor_is_replaced_or_deleted_only_while_it_holds_the_value_read(
+    opener: Opener,
+) -> None:
+    """`replace_cursor_if` writes or deletes only while the cursor holds the value expected
+    (not while unset, nor set empty when something else was expected), and says whether it
+    did; a later reopen sees the outcome."""
+    store = opener()
+    assert not store.replace_cursor_if("note", "old", "new")
+    assert not store.replace_cursor_if("note", "old", None)
+    assert store.get_cursor("note") is None
+    store.set_cursor("note", "old")
+    assert not store.replace_cursor_if("note", "other", None)
+    assert not store.replace_cursor_if("note", "", "new")
+    assert opener().get_cursor("note") == "old"
+    assert store.replace_cursor_if("note", "old", "")
+    assert opener().get_cursor("note") == ""
+    assert store.replace_cursor_if("note", "", "newer")
+    store.change_cursor("note", lambda value: f"{value}!")  # its version still works
+    assert store.replace_cursor_if("note", "newer!", None)
+    assert opener().get_cursor("note") is None
+    assert store.cursor_keys("no") == []
+
+
 def test_a_cursor_change_is_made_again_on_a_write_that_came_in_between(redis_url: str) -> None:
     """Another instance writing the cursor between the read and the write of a change: the
     change is made again on what that instance wrote, never written over it."""
