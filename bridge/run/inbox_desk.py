@@ -201,6 +201,62 @@ def _is_wake_ident(value: object) -> bool:
     return isinstance(value, str) and re.fullmatch(r"wake_[0-9a-f]{24}", value) is not None
 
 
+class _ReportRow(NamedTuple):
+    """One report-wake row as this desk writes it: the child's report wake still queued in
+    the parent's inbox (`ident`, its text `body`), or, with `carrier`, one taken back for the
+    wake `carrier` to carry too, noted until that wake is queued (`_take_back_report_wake`)."""
+
+    parent_id: str
+    child_id: str
+    ident: str
+    body: str
+    carrier: str | None
+
+
+_NOT_TWO_NAMES = "its key does not name two agents, the parent and the child"
+
+
+def _report_row(key: str, value: str) -> _ReportRow | str:
+    """The report-wake row `key` holding `value`, or what is wrong with it. The state is
+    not the agent's, but another version or a hand may have written there: a row naming a
+    person's message as the wake to take back would withdraw that message from the agent
+    and fold its text into a wake, so only wake ids are ever taken."""
+    try:
+        names = json.loads(key[len(REPORT_WAKE_CURSOR) :])
+    except _UNREADABLE:
+        names = None
+    if not (
+        isinstance(names, list)
+        and len(names) == 2
+        and all(isinstance(name, str) and name for name in names)
+    ):
+        return _NOT_TWO_NAMES
+    try:
+        held = json.loads(value)
+    except _UNREADABLE:
+        held = None
+    if not (isinstance(held, list) and len(held) in (2, 3) and isinstance(held[1], str)):
+        return "it holds neither a wake still queued nor one taken back (a wake id and a text)"
+    if not _is_wake_ident(held[0]):
+        return "the message it names is no wake the service wrote (a person's message, say)"
+    carrier = held[2] if len(held) == 3 else None
+    if len(held) == 3 and not _is_wake_ident(carrier):
+        return "the wake it names to carry the one taken back is no wake the service wrote"
+    return _ReportRow(names[0], names[1], held[0], held[1], carrier)
+
+
+def _say_bad_report_row(key: str, value: str, why: str) -> None:
+    """Name a report-wake row this desk would not have written, once: it was just deleted."""
+    log.warning(
+        "report wake row %r skipped and deleted: %s; it held %r. Nothing to do: no message"
+        " was moved for it (if a program of yours writes rows under report-wake: in the"
+        " service's state, give them a prefix of their own)",
+        key[:200],
+        why,
+        value[:200],
+    )
+
+
 def _owed_wakes_of(parent_id: str) -> str:
     """The start of the keys of every wake owed to `parent_id` (`_owed_wake_cursor`)."""
     return _owed_wake_cursor(parent_id, "")[: -len('""]')]
@@ -1278,32 +1334,20 @@ class InboxDesk:
         one still queued), and that newer row must stay, or the child's next report does
         not join the wake queued."""
         for key, value in self._report_rows().items():
-            try:
-                parent_id, child_id = json.loads(key[len(REPORT_WAKE_CURSOR) :])
-                if parent is not None and parent_id != parent:
-                    continue
-                ident, body, carrier = json.loads(value)
-            except _UNREADABLE:
-                continue  # no take back noted (or not what this desk writes)
-            if not (
-                isinstance(parent_id, str)
-                and isinstance(child_id, str)
-                and isinstance(body, str)
-                and _is_wake_ident(ident)
-                and _is_wake_ident(carrier)
-            ):
+            row = _report_row(key, value)
+            if isinstance(row, str) and not value and row != _NOT_TWO_NAMES:
+                continue  # an earlier version's empty row: `forget_departed` drops it
+            if isinstance(row, str):
                 # Not what this desk writes: a person's message in `cancelled/`, named by a
                 # hand's row, must stay there. The row is deleted, named once with what it
-                # held: kept, it was named at every start. No version wrote one (every take
-                # back it notes names two wake ids), and it only ever pointed at a file.
-                log.warning(
-                    "report wake row %r skipped and deleted: not a wake taken back as the"
-                    " service notes one (parent and child names, wake ids); it held %r",
-                    key[:200],
-                    value[:200],
-                )
-                self._store.delete_cursors([key])
+                # held (by the instance whose delete took it): kept, it was named at every
+                # start, or, clustered, skipped by every lease gained and left for good.
+                if self._store.replace_cursor_if(key, value, None):
+                    _say_bad_report_row(key, value, row)
                 continue
+            parent_id, child_id, ident, body, carrier = row
+            if carrier is None or (parent is not None and parent_id != parent):
+                continue  # the child's wake still queued: no take back noted
             writer = self._writers.get(parent_id)
             if writer is None:
                 continue
@@ -1376,11 +1420,11 @@ class InboxDesk:
         self._store.delete_cursors([cursor])  # a row per pair ever seen was left behind
         if last is not None:
             return last
-        try:
-            ident, body = json.loads(stored)
-        except _UNREADABLE:
+        row = _report_row(cursor, stored)
+        if isinstance(row, str):
+            _say_bad_report_row(cursor, stored, row)
             return None  # not what this desk writes: no wake to take back
-        return (ident, body) if isinstance(ident, str) and isinstance(body, str) else None
+        return None if row.carrier is not None else (row.ident, row.body)
 
     def forget_departed(self, fleet: Collection[str]) -> int:
         """At start: forget the report-wake cursors of pairs whose parent or child is not
@@ -1394,9 +1438,9 @@ class InboxDesk:
             try:
                 parent, child = json.loads(key[len(REPORT_WAKE_CURSOR) :])
             except _UNREADABLE:
-                continue  # not a key this desk writes: left alone
+                continue  # not a key this desk writes: `_put_back_taken` names and deletes it
             if not (isinstance(parent, str) and isinstance(child, str)):
-                continue  # not a key this desk writes either (`_put_back_taken` names it)
+                continue  # nor this one
             if parent not in fleet or child not in fleet or not self._store.get_cursor(key):
                 gone.append(key)
                 self._report_wakes.pop((parent, child), None)

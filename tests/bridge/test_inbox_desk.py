@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import uuid
 from collections.abc import Iterable
@@ -34,7 +35,7 @@ from taskcard.bridge.store.redis import RedisStore, connect
 from taskcard.bridge.store.sqlite import SqliteStore
 from taskcard.bridge.track.activity import ActivitySummary
 from taskcard.channels.base import ChatRef
-from taskcard.producers.reports.contract import MAX_TEXT_CHARS, Ack
+from taskcard.producers.reports.contract import MAX_TEXT_CHARS, Ack, inbox_message
 from tests.bridge.test_scheduler import ScriptedChannel, settle, started, store  # noqa: F401
 
 CHAT = ChatRef("-100")
@@ -588,6 +589,113 @@ async def test_a_lease_gained_keeps_the_report_wake_row_a_live_writer_rewrote_af
     assert report_wake_texts(tmp_path / "lead" / "inbox") == [
         "worker reported 1\nworker reported 2\nworker reported 3"
     ]
+    await scheduler.stop()
+    for shared in stores:
+        shared.close()
+
+
+async def test_a_report_wake_row_written_since_the_start_takes_back_only_a_wake(
+    tmp_path: Path,
+    store: SqliteStore,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A row written after the start (another version, a hand) notes a person's text
+    waiting in lead's inbox as worker's report wake still queued. worker's report wakes lead
+    alone: the text stays queued as it was, and the row is named once and replaced by the
+    new wake's. The text was withdrawn, folded into the wake and deleted."""
+    for agent in ("lead", "worker"):
+        (tmp_path / agent).mkdir()
+    workdirs = {"lead": tmp_path / "lead", "worker": tmp_path / "worker"}
+    channel = ScriptedChannel()
+    scheduler = await started(store, channel)
+    now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
+    desk = clocked_desk(store, scheduler, channel, workdirs, now)
+    desk.load()
+    person = inbox_message(
+        ident="m_" + "1" * 20,
+        kind="message",
+        text="never mind the docs",
+        channel="fake",
+        chat_id="-100",
+        thread_id=None,
+        user="7",
+        queued_at=now[0],
+    )
+    InboxWriter(workdirs["lead"]).queue(person)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    store.set_cursor(row, json.dumps([person["id"], person["text"]]))
+    desk.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    inbox = workdirs["lead"] / "inbox"
+    assert report_wake_texts(inbox) == ["never mind the docs", "worker reported 1"]
+    assert (inbox / "queued" / f"{person['id']}.json").is_file()
+    assert caplog.text.count("report wake row") == 1, caplog.text
+    assert "a person's message" in caplog.text
+    assert json.loads(store.get_cursor(row) or "null")[1] == "worker reported 1"
+    await scheduler.stop()
+
+
+async def test_report_wake_rows_not_keyed_by_two_names_are_named_once_in_a_cluster(
+    tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two instances on a real Redis gain lead's lease one after the other, the second
+    inside the first's read of the report-wake rows (both read them before either acts).
+    The rows whose keys do not name two agents are named once in the cluster, by the
+    instance whose delete took them, and deleted; the good rows stay: worker's wake still
+    queued in lead's inbox, and a take back noted in the inbox of another parent, not
+    theirs to look at. Such rows were skipped without a word at every lease gained, and kept
+    for good."""
+    for agent in ("lead", "worker"):
+        (tmp_path / agent).mkdir()
+    workdirs = {"lead": tmp_path / "lead", "worker": tmp_path / "worker"}
+    prefix = f"test-{uuid.uuid4().hex}"
+    stores = [RedisStore(connect(redis_url), prefix) for _ in range(2)]
+    channel = ScriptedChannel()
+    scheduler = await started(stores[0], channel)
+
+    def desk(shared: RedisStore) -> InboxDesk:
+        return InboxDesk(
+            InboxConfig(max_messages=100),
+            shared,
+            scheduler,
+            {"fake": channel},
+            workdirs,
+            clock=lambda: datetime(2026, 12, 1, 9, 0, tzinfo=UTC),
+            activity=lambda _agent: ActivitySummary(state="running"),
+            zone=lambda _channel, _chat: UTC,
+            render=lambda ch, view: ch.render_card(view),
+            shared=True,
+        )
+
+    first, second = (desk(shared) for shared in stores)
+    wake = "wake_" + "a" * 24
+    bad = {
+        "report-wake:" + json.dumps(["lead", "worker", "x"]): json.dumps([wake, "text"]),
+        "report-wake:" + json.dumps([["lead"], "worker"]): json.dumps([wake, "text", wake]),
+        "report-wake:" + json.dumps(["", "worker"]): json.dumps([wake, "text"]),
+        "report-wake:not json": json.dumps([wake, "text", wake]),
+    }
+    good = {
+        "report-wake:" + json.dumps(["lead", "worker"]): json.dumps([wake, "text"]),
+        "report-wake:" + json.dumps(["elsewhere", "worker"]): json.dumps([wake, "text", wake]),
+    }
+    for key, value in {**bad, **good}.items():
+        stores[0].set_cursor(key, value)
+    get_cursors = stores[0].get_cursors
+
+    def read_then_the_other_gains(keys: Iterable[str]) -> dict[str, str]:
+        found = get_cursors(keys)
+        if found.keys() >= bad.keys():
+            stores[0].get_cursors = get_cursors  # type: ignore[method-assign]
+            second.take_agent("lead")
+        return found
+
+    stores[0].get_cursors = read_then_the_other_gains  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING):
+        first.take_agent("lead")
+    assert stores[0].get_cursors([*bad, *good]) == good
+    named = [r.getMessage() for r in caplog.records if "report wake row" in r.getMessage()]
+    assert len(named) == len(bad), named
+    assert all("does not name two agents" in line for line in named), named
     await scheduler.stop()
     for shared in stores:
         shared.close()

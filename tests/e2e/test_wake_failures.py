@@ -401,14 +401,15 @@ async def test_a_report_wake_taken_back_for_a_wake_a_stop_kept_unwritten_is_queu
 async def test_hand_written_report_wake_rows_neither_stop_the_start_nor_move_a_message(
     tmp_path: Path,
 ) -> None:
-    """The state keeps two report-wake rows the service would not write: one whose parent
-    is a list, one whose wake taken back names a person's message that lead's inbox keeps
-    in `cancelled/`. The service starts all the same, names each row once, wakes lead for
-    worker's report, and leaves the person's message where it is. The first row stopped
-    the start (a TypeError); the second moved the cancelled message back into `queued/`.
-    Each is deleted once named, so the next start names neither (both were named at every
-    start), and a good row beside them (lead's report wake noted as still queued for
-    worker) stays."""
+    """The state keeps report-wake rows the service would not write: one whose parent is
+    a list, one whose wake taken back names a person's message that lead's inbox keeps in
+    `cancelled/`, and three whose keys are not two names. The service starts all the same,
+    names each row once, wakes lead for worker's report, and leaves the person's message
+    where it is. The first row stopped the start (a TypeError); the second moved the
+    cancelled message back into `queued/`; the last three were skipped without a word and
+    kept for good. Each is deleted once named, so the next start names none (the first two
+    were named at every start), and a good row beside them (lead's report wake noted as
+    still queued for worker) stays."""
     async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
         lead, worker = lead_and_worker(tmp_path)
         with chat.serve:
@@ -427,6 +428,10 @@ async def test_hand_written_report_wake_rows_neither_stop_the_start_nor_move_a_m
             "report-wake:" + json.dumps(["lead", "worker"]): json.dumps(
                 ["m_person1", "never mind", carrier]
             ),
+            # Keys that are not two names: skipped without a word, and kept for good.
+            "report-wake:" + json.dumps(["lead", "worker", "x"]): json.dumps([carrier, "text"]),
+            "report-wake:not json": json.dumps([carrier, "text", carrier]),
+            "report-wake:" + json.dumps(["", "worker"]): json.dumps([carrier, "text"]),
         }
         good = {"report-wake:" + json.dumps(["worker", "lead"]): json.dumps([carrier, "text"])}
         state = tmp_path / ".taskcard" / "state.sqlite3"
@@ -455,6 +460,46 @@ async def test_hand_written_report_wake_rows_neither_stop_the_start_nor_move_a_m
         assert not forged.items() & rows.items(), rows
         assert rows.items() >= good.items(), rows
         assert person.is_file()
+
+
+async def test_a_report_wake_row_naming_a_persons_message_takes_back_no_message(
+    tmp_path: Path,
+) -> None:
+    """A person's text waits in lead's inbox, and the state notes it, by hand, as worker's
+    report wake still queued there (a row of two items: an id and a text). After a restart
+    worker reports: lead gets a wake of its own for it, the person's text stays queued as
+    it was, and the row is named once in the log and deleted. The service took the text
+    back as a wake: withdrawn from `queued/`, folded into the wake's text and deleted."""
+    async with chat_for("telegram", tmp_path, ["lead", "worker"], SIGNALS) as chat:
+        _, worker = lead_and_worker(tmp_path)
+        with chat.serve:
+            await both_cards(chat)
+            await chat.say("/tell lead please also check the docs")
+            [person] = await eventually(
+                lambda: queued(tmp_path, "lead"), timeout_s=60, what="the person's text queued"
+            )
+            assert await chat.serve.aterminate() == 0
+        said = json.loads(person.read_text())
+        assert said["kind"] == "message" and said["text"] == "please also check the docs"
+        row = "report-wake:" + json.dumps(["lead", "worker"])
+        with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db, db:
+            db.execute(
+                "INSERT INTO cursors (key, value) VALUES (?, ?)",
+                (row, json.dumps([said["id"], said["text"]])),
+            )
+        with chat.restart():
+            report(worker, 1, ok=True, summary="part 1 done")
+            [wake] = await eventually(
+                lambda: report_wakes(tmp_path), timeout_s=60, what="the report's wake"
+            )
+            assert await chat.serve.aterminate() == 0
+        assert "check the docs" not in wake
+        assert json.loads(person.read_text()) == said  # still queued, as it was
+        assert chat.serve.logs.count("report wake row") == 1, chat.serve.logs
+        assert "a person's message" in chat.serve.logs
+        with closing(sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3")) as db:
+            [(kept,)] = db.execute("SELECT value FROM cursors WHERE key = ?", (row,))
+        assert json.loads(kept)[1] == wake  # now worker's wake still queued
 
 
 @pytest.fixture(params=["telegram", "feishu"])
