@@ -394,7 +394,9 @@ async def test_a_report_wake_taken_back_for_a_wake_a_stop_kept_unwritten_is_queu
             assert first in wakes
             assert any("part 2 done" in w and "part 1 done" not in w for w in wakes), wakes
             assert not list((inbox / "cancelled").iterdir())
-            assert "is queued again" in chat.serve.logs
+            await eventually(
+                lambda: "is queued again" in chat.serve.logs, what="the put back logged"
+            )
             assert await chat.serve.aterminate() == 0
 
 
@@ -915,7 +917,8 @@ async def test_clustered_a_report_wake_taken_back_for_a_wake_a_stop_kept_unwritt
         lambda: report_wakes(tmp_path) == [first], timeout_s=120, what="the first wake put back"
     )
     assert not list((lead / "inbox" / "cancelled").iterdir())
-    assert "is queued again" in i2.logs
+    # The file moves before the line is logged, and the log is read from a pipe: waited for.
+    await eventually(lambda: "is queued again" in i2.logs, what="the put back logged")
     report(worker, 2, ok=True, summary="part 2 done")
     await eventually(
         lambda: any("part 1 done" in w and "part 2 done" in w for w in report_wakes(tmp_path)),
