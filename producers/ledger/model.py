@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Final, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    model_validator,
+)
 
 from taskcard.producers.ledger.contract import FailureKind, Outcome, Workflow
 from taskcard.producers.task_card.contract import MAX_COUNT as CONTRACT_MAX_COUNT
@@ -100,7 +108,35 @@ def _in_utc(moment: datetime) -> datetime:
 
 Moment = Annotated[datetime, AfterValidator(_in_utc)]
 Ident = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")]
-Note = Annotated[str, StringConstraints(max_length=MAX_NOTE_CHARS)]
+
+
+def note_problem(value: str) -> str | None:
+    """What is wrong with a text of the ledger (a purpose, a reason, a note), None when
+    nothing: the one rule for both directions, so the writers refuse a text (`store._note`)
+    and a task read from the file holding one is broken, named with the field (the `Note`
+    type), by the same words. A NUL has no use in any of them, and a lone surrogate cannot
+    be written as UTF-8; a hand edit left a NUL that the writers refused in a purpose, and
+    the card renderer wrote it into `taskcard.md`."""
+    if len(value) > MAX_NOTE_CHARS:
+        return f"{len(value)} characters, at most {MAX_NOTE_CHARS}"
+    if "\0" in value:
+        # As the task_card envelope refuses one.
+        return "contains a NUL character; remove it"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"
+    return None
+
+
+def _checked_note(value: str) -> str:
+    problem = note_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+Note = Annotated[str, AfterValidator(_checked_note)]
 
 
 class _Model(BaseModel):
@@ -263,6 +299,19 @@ class TaskRecord(_Model):
     supervision: Supervision = Field(default_factory=Supervision)
 
 
+def key_problem(key: str, record: TaskRecord) -> str | None:
+    """What is wrong when a task's key in `tasks` is not the id its record holds, None when
+    they agree. Commands find a task by its key and name it by its id: a hand-copied entry
+    (key `t1` holding the record of `t2`) was read silently, and `supervise` printed two
+    results named t2."""
+    if record.task.task_id == key:
+        return None
+    return (
+        f"task.task_id: {record.task.task_id!r} is not the task's key {key!r};"
+        " write the same id in both"
+    )
+
+
 @dataclass(frozen=True)
 class BrokenTask:
     """A task of the file whose record does not validate: its JSON text exactly as read, and
@@ -281,6 +330,14 @@ class LedgerDocument(_Model):
     @property
     def broken(self) -> dict[str, BrokenTask]:
         return self._broken
+
+    @model_validator(mode="after")
+    def _keys_name_their_tasks(self) -> LedgerDocument:
+        for key, record in self.tasks.items():
+            problem = key_problem(key, record)
+            if problem is not None:
+                raise ValueError(f"tasks.{key}.{problem}")
+        return self
 
 
 # ----------------------------------------------------------------------------- derivation

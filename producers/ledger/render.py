@@ -17,6 +17,7 @@ from typing import Final
 
 from taskcard.producers.ledger.model import TaskRecord, derive, moved_at
 from taskcard.producers.ledger.monitor import FUTURE_SKEW_S
+from taskcard.producers.task_card.contract import one_line
 
 UNKNOWN: Final = "unknown"
 RENDERER_FILE: Final = "ledger_renderer.py"
@@ -30,8 +31,10 @@ _MARKUP: Final = re.compile(r"[\\`*_\[\]<>~|&!#]")
 
 def as_text(words: str) -> str:
     """`words` on one line (white space collapsed), every Markdown mark in it shown as the
-    character it is."""
-    return _MARKUP.sub(lambda mark: "\\" + mark.group(), " ".join(words.split()))
+    character it is, without controls or bidirectional formatting (`one_line`): the writers
+    take a purpose or a reason holding an escape sequence or a right-to-left override, and
+    the card wrote them raw into `taskcard.md`, for every reader of the file to act on."""
+    return _MARKUP.sub(lambda mark: "\\" + mark.group(), one_line(words))
 
 
 def format_age(since: datetime | None, now: datetime) -> str:

@@ -36,7 +36,6 @@ from taskcard.producers.ledger.model import (
     EVENT_TYPES,
     FAILURE_KINDS,
     MAX_BYTES,
-    MAX_NOTE_CHARS,
     MAX_OBSERVATIONS,
     MAX_SECONDS,
     OWNER_REPLIES,
@@ -54,6 +53,8 @@ from taskcard.producers.ledger.model import (
     TaskInfo,
     TaskRecord,
     derive,
+    key_problem,
+    note_problem,
 )
 from taskcard.producers.task_card.contract import (
     NotRegularFile,
@@ -97,7 +98,10 @@ def utc_now() -> datetime:
 def _first_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     field = ".".join(str(part) for part in error["loc"]) or "value"
-    return f"{field}: {error['msg']}"
+    # A rule of the ledger's own (`note_problem`, a task's key) in its own words, without
+    # pydantic's "Value error, " before them.
+    cause = error.get("ctx", {}).get("error") if error["type"] == "value_error" else None
+    return f"{field}: {cause if isinstance(cause, ValueError) else error['msg']}"
 
 
 def _check_id(field: str, value: str) -> None:
@@ -169,18 +173,9 @@ def _check_types(**values: object) -> None:
 
 
 def _note(field: str, value: str | None) -> str | None:
-    if value is not None and len(value) > MAX_NOTE_CHARS:
-        raise LedgerError(f"{field}: {len(value)} characters, at most {MAX_NOTE_CHARS}")
-    if value is not None and "\0" in value:
-        # As the task_card envelope refuses one: no text of the ledger has a use for it.
-        raise LedgerError(f"{field}: contains a NUL character; remove it")
-    if value is not None:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise LedgerError(
-                f"{field}: holds bytes that are not UTF-8 (undecodable input); pass UTF-8 text"
-            ) from None
+    problem = None if value is None else note_problem(value)
+    if problem is not None:
+        raise LedgerError(f"{field}: {problem}")
     return value
 
 
@@ -266,9 +261,15 @@ def _set_broken_tasks_aside(data: bytes) -> LedgerDocument | None:
     broken: dict[str, BrokenTask] = {}
     for ident, text in texts.items():
         try:
-            good[ident] = TaskRecord.model_validate_json(text)
+            record = TaskRecord.model_validate_json(text)
         except ValidationError as exc:
             broken[ident] = BrokenTask(text, f"tasks.{_shown_id(ident)}.{_first_error(exc)}")
+            continue
+        problem = key_problem(ident, record)
+        if problem is None:
+            good[ident] = record
+        else:
+            broken[ident] = BrokenTask(text, f"tasks.{_shown_id(ident)}.{problem}")
     if not broken:
         return None
     try:

@@ -777,3 +777,58 @@ def test_a_byte_count_past_a_petabyte_in_the_file_makes_its_task_broken(workdir:
         assert "9" * 100 not in done.stderr + done.stdout
     assert path.read_text() == planted
     assert ok(workdir, "show", "u")["task"]["task_id"] == "u"  # type: ignore[index]
+
+
+def test_a_text_the_writers_refuse_makes_its_task_broken_when_read(workdir: Path) -> None:
+    """`ledger init` refuses a purpose holding a NUL, but a hand edit that left one in the
+    file was read by every command, and the renderer wrote it into the card with the escape
+    sequence and the right-to-left override beside it. The same rule now holds on read: the
+    task is broken, named with its field; the file's other tasks work as before."""
+    hostile = "\x00\u202eevil\x1b[2J"
+    ok(workdir, "init", "bad", "--purpose", "p", "--no-renderer")
+    ok(workdir, "init", "good", "--purpose", "fine", "--no-renderer")
+    path = workdir / "ledger" / "long-task-ledger.json"
+    document = json.loads(path.read_text())
+    document["tasks"]["bad"]["task"]["purpose"] = hostile
+    path.write_text(json.dumps(document))
+    for args in (("show", "bad"), ("render", "bad"), ("heartbeat", "bad")):
+        done = taskcard(workdir, *args)
+        assert done.returncode == 2, (args, done.stdout)
+        assert "tasks.bad.task.purpose: contains a NUL character; remove it" in done.stderr
+        assert "evil" not in done.stdout + done.stderr
+    supervised = taskcard(workdir, "supervise")
+    assert supervised.returncode == 2
+    assert [json.loads(line)["task_id"] for line in supervised.stdout.splitlines()] == ["good"]
+    assert ok(workdir, "heartbeat", "good")["task_id"] == "good"
+    assert json.dumps(document["tasks"]["bad"]) in path.read_text()  # kept as it was read
+
+
+def test_the_ledger_card_writes_no_control_or_direction_mark(workdir: Path) -> None:
+    """A purpose and a reason holding an escape sequence and a right-to-left override (which
+    the writers take: they are text) reached `taskcard.md` raw from the ledger's renderer."""
+    ok(workdir, "init", "t", "--purpose", "\u202eevil\x1b[2J done", "--no-renderer")
+    ok(workdir, "block", "t", "--kind", "OTHER", "--reason", "stuck\x1b]0;x\x07 \u2066here")
+    card = taskcard(workdir, "render", "t")
+    assert card.returncode == 0, card.stderr
+    assert card.stdout.startswith("**evil \\[2J done**\n"), card.stdout
+    assert "stuck \\]0;x here" in card.stdout
+    assert not any(c in card.stdout for c in "\x1b\x07\u202e\u2066"), card.stdout
+
+
+def test_a_task_under_another_tasks_key_is_broken(workdir: Path) -> None:
+    """A hand-copied entry (key `t1` holding the record of `t2`, beside the real `t2`) was
+    read silently, and `supervise` printed two results named t2."""
+    ok(workdir, "init", "t1", "--purpose", "one", "--no-renderer")
+    ok(workdir, "init", "t2", "--purpose", "two", "--no-renderer")
+    path = workdir / "ledger" / "long-task-ledger.json"
+    document = json.loads(path.read_text())
+    document["tasks"]["t1"]["task"]["task_id"] = "t2"
+    path.write_text(json.dumps(document))
+    supervised = taskcard(workdir, "supervise")
+    assert supervised.returncode == 2
+    assert [json.loads(line)["task_id"] for line in supervised.stdout.splitlines()] == ["t2"]
+    problem = "tasks.t1.task.task_id: 't2' is not the task's key 't1'; write the same id in both"
+    assert problem in supervised.stderr
+    shown = taskcard(workdir, "show", "t1")
+    assert shown.returncode == 2 and problem in shown.stderr
+    assert ok(workdir, "show", "t2")["task"]["purpose"] == "two"  # type: ignore[index]
