@@ -394,8 +394,16 @@ class Reports:
             raise self._not_regular(mode)
         return fd
 
-    @staticmethod
-    def _outside() -> ReportError:
+    def _outside(self, name: str = REPORTS_FILE) -> ReportError:
+        """What leads out of the workdir, named: the folder `reports/`, or (the folder inside)
+        its file `name` (`reports.jsonl`, `.lock`), which was called the folder."""
+        folder_inside = is_inside(os.path.realpath(self.workdir), os.path.realpath(self.dir))
+        if folder_inside:
+            return ReportError(
+                f"{REPORTS_DIR}/{name}: leads out of the workdir (a symlink); nothing"
+                " outside it is read or written, so replace the link with a regular file inside"
+                " the workdir (or move it aside)"
+            )
         return ReportError(
             f"{REPORTS_DIR}/: leads out of the workdir (a symlink); nothing outside it is read"
             " or written, so replace the link with a folder (or a file) inside the workdir"
@@ -416,7 +424,7 @@ class Reports:
         try:
             fd = open_lock(self.dir / LOCK_FILE, inside=self.workdir)
         except OutsideWorkdir:
-            raise self._outside() from None
+            raise self._outside(LOCK_FILE) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

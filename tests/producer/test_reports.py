@@ -304,6 +304,23 @@ async def refused_over_mcp(workdir: Path, cli: CliHost) -> str:
         return str(content["message"])
 
 
+def test_a_reports_file_linked_out_of_the_workdir_is_named(workdir: Path, tmp_path: Path) -> None:
+    """A symlink at `reports/reports.jsonl` leading out of the workdir was refused naming
+    `reports/`, the folder, which is a real folder inside it: the file is named."""
+    (tmp_path / "elsewhere.jsonl").write_text('{"seq": 1, "at": "2026-01-01T00:00:00Z"}\n')
+    (workdir / "reports").mkdir()
+    (workdir / "reports" / "reports.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    for args in (["report", "--ok"], ["reports"]):
+        done = taskcard(args[0], "--workdir", str(workdir), *args[1:])
+        assert (done.returncode, done.stdout) == (2, b""), done.stderr
+        assert done.stderr.startswith(
+            f"taskcard {args[0]}: reports/reports.jsonl: leads out of the workdir (a symlink);"
+            " nothing outside it is read or written, so replace the link with a regular file"
+            " inside the workdir".encode()
+        ), done.stderr
+    assert (tmp_path / "elsewhere.jsonl").read_text().count("\n") == 1  # nothing written there
+
+
 async def test_a_named_pipe_for_the_reports_file_is_refused_never_waited_on(
     workdir: Path, cli: CliHost
 ) -> None:
