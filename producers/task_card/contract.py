@@ -1006,19 +1006,25 @@ def open_lock(path: Path, *, inside: Path | None = None) -> int:
 
     Only this code creates lock files, so a symlink at the name can only have been planted:
     without `inside` it is refused (`OSError`, ELOOP), never followed to create or lock a file
-    elsewhere; a named pipe there is refused too (`NotRegularFile`), never waited on. With
-    `inside` (the workdir), the lock and its folder must lie inside it once links are resolved
-    (`OutsideWorkdir` otherwise, before anything is created): the files a lock guards sit
-    beside it, so a side folder such as `.notification/` linked out of the workdir gets
-    nothing written into it.
+    elsewhere; a named pipe or a folder there is refused too (`NotRegularFile`), never waited
+    on. With `inside` (the workdir), the lock and its folder must lie inside it once links
+    are resolved (`OutsideWorkdir` otherwise, before anything is created): the files a lock
+    guards sit beside it, so a side folder such as `.notification/` linked out of the workdir
+    gets nothing written into it.
     """
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    if inside is None:
-        fd = os.open(path, flags, 0o644)
-    else:
-        root, target = _resolved_inside(path, inside, "written")
-        fd = os.open(target, flags, 0o644)
-        _opened_inside(fd, root, path, "written")
+    try:
+        if inside is None:
+            fd = os.open(path, flags, 0o644)
+        else:
+            root, target = _resolved_inside(path, inside, "written")
+            fd = os.open(target, flags, 0o644)
+            _opened_inside(fd, root, path, "written")
+    except IsADirectoryError:
+        # A folder at the name is the same fault as a named pipe there, and is said so: it
+        # was a "cannot write ... (Is a directory)" of another exit code and advice.
+        # The system's words and the path kept, for the callers that word an OSError.
+        raise NotRegularFile(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path)) from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)

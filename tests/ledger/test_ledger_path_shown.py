@@ -8,6 +8,7 @@ came back whole in "cannot write ...". Driven as a user runs it: `taskcard ledge
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,21 @@ def test_a_planted_ledger_lock_is_named_escaped(tmp_path: Path, name: str) -> No
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.startswith(f"taskcard ledger: ledger lock {str(lock)!r}: a symlink")
     assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_folder_at_the_ledger_lock_is_refused_as_a_named_pipe_is(
+    tmp_path: Path, kind: str
+) -> None:
+    """A named pipe at the lock exited 2 with "a symlink or not a regular file; remove it", a
+    folder there 1 with "cannot write ... (Is a directory)": the same fault, now said alike."""
+    workdir = tmp_path / "w"
+    (workdir / "ledger").mkdir(parents=True)
+    lock = workdir / "ledger" / "long-task-ledger.json.lock"
+    lock.mkdir() if kind == "folder" else os.mkfifo(lock)
+    done = _ledger(workdir, "init", "t1", "--purpose", "p", "--no-renderer")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"taskcard ledger: ledger lock {lock}: a symlink or not a regular file; only"
+        " taskcard creates it, so remove it (it is made again)\n"
+    )
