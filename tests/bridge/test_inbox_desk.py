@@ -62,16 +62,41 @@ def clocked_desk(
     )
 
 
+class Desks:
+    """What a test of a desk starts from: each agent's workdir made under `tmp_path`, the
+    fake channel, a started scheduler on `store` and a clock at 2026-12-01 09:00 UTC
+    (`now[0]`, moved by the test); `desk()` makes a desk on them (`clocked_desk`)."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        store: SqliteStore,  # noqa: F811
+        scheduler: RouteScheduler,
+        channel: ScriptedChannel,
+        agents: Iterable[str],
+    ) -> None:
+        self.store, self.scheduler, self.channel = store, scheduler, channel
+        self.workdirs = {agent: tmp_path / agent for agent in agents}
+        for workdir in self.workdirs.values():
+            workdir.mkdir()
+        self.now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
+
+    def desk(self) -> InboxDesk:
+        return clocked_desk(self.store, self.scheduler, self.channel, self.workdirs, self.now)
+
+
+async def desks(tmp_path: Path, store: SqliteStore, *agents: str) -> Desks:  # noqa: F811
+    """`Desks` for `agents`, on a scheduler started on `store`."""
+    channel = ScriptedChannel()
+    return Desks(tmp_path, store, await started(store, channel), channel, agents)
+
+
 async def test_closed_messages_leave_memory_after_a_day_and_open_ones_stay(
     tmp_path: Path,
     store: SqliteStore,  # noqa: F811
 ) -> None:
-    for agent in ("a", "b"):
-        (tmp_path / agent).mkdir()
-    channel = ScriptedChannel()
-    scheduler = await started(store, channel)
-    now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
-    desk = clocked_desk(store, scheduler, channel, {"a": tmp_path / "a", "b": tmp_path / "b"}, now)
+    made = await desks(tmp_path, store, "a", "b")
+    scheduler, now, desk = made.scheduler, made.now, made.desk()
     desk.channel_ready("fake")
     for agent in ("a", "a", "b"):
         assert desk.queue("fake", CHAT, agent, "ann", f"hello {agent}") is None
@@ -263,13 +288,8 @@ async def test_a_busy_childs_signals_spend_no_tries_of_a_broken_inbox_and_all_ar
     child signalling 13 times used up the 24 tries meant to last an hour and a half, so
     every owed wake was dropped. Signals meanwhile wait behind the owed ones untried, and
     all of them are queued once the inbox works."""
-    for agent in ("lead", "child"):
-        (tmp_path / agent).mkdir()
-    channel = ScriptedChannel()
-    scheduler = await started(store, channel)
-    now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
-    workdirs = {"lead": tmp_path / "lead", "child": tmp_path / "child"}
-    desk = clocked_desk(store, scheduler, channel, workdirs, now)
+    made = await desks(tmp_path, store, "lead", "child")
+    now, desk = made.now, made.desk()
     desk.channel_ready("fake")
     (tmp_path / "lead" / "inbox").write_text("in the way\n")
     for episode in range(40):
@@ -455,13 +475,9 @@ async def test_a_stop_as_a_wake_carrying_one_taken_back_is_owed_loses_no_report(
     second was never owed; and a note left beside the owed row put the first back though
     the owed wake carried it. The inbox's refusals and the stop are made by raising where
     they would happen."""
-    for agent in ("lead", "child"):
-        (tmp_path / agent).mkdir()
-    workdirs = {"lead": tmp_path / "lead", "child": tmp_path / "child"}
-    channel = ScriptedChannel()
-    scheduler = await started(store, channel)
-    now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
-    first = clocked_desk(store, scheduler, channel, workdirs, now)
+    made = await desks(tmp_path, store, "lead", "child")
+    channel, scheduler, now, workdirs = made.channel, made.scheduler, made.now, made.workdirs
+    first = made.desk()
     first.load()
     first.wake("lead", "child", "report:1", "child reported 1", report=True)
     inbox = tmp_path / "lead" / "inbox"
@@ -603,13 +619,8 @@ async def test_a_report_wake_row_written_since_the_start_takes_back_only_a_wake(
     waiting in lead's inbox as worker's report wake still queued. worker's report wakes lead
     alone: the text stays queued as it was, and the row is named once and replaced by the
     new wake's. The text was withdrawn, folded into the wake and deleted."""
-    for agent in ("lead", "worker"):
-        (tmp_path / agent).mkdir()
-    workdirs = {"lead": tmp_path / "lead", "worker": tmp_path / "worker"}
-    channel = ScriptedChannel()
-    scheduler = await started(store, channel)
-    now = [datetime(2026, 12, 1, 9, 0, tzinfo=UTC)]
-    desk = clocked_desk(store, scheduler, channel, workdirs, now)
+    made = await desks(tmp_path, store, "lead", "worker")
+    scheduler, now, workdirs, desk = made.scheduler, made.now, made.workdirs, made.desk()
     desk.load()
     person = inbox_message(
         ident="m_" + "1" * 20,
