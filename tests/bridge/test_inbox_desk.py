@@ -42,13 +42,16 @@ CHAT = ChatRef("-100")
 
 
 def clocked_desk(
-    store: SqliteStore,  # noqa: F811
+    store: SqliteStore | RedisStore,  # noqa: F811
     scheduler: RouteScheduler,
     channel: ScriptedChannel,
     workdirs: dict[str, Path],
     now: list[datetime],
+    *,
+    shared: bool = False,
 ) -> InboxDesk:
-    """A desk on the fake channel whose clock is `now[0]`, its agents always running."""
+    """A desk on the fake channel whose clock is `now[0]`, its agents always running;
+    `shared`: one instance of a cluster on a store the others share."""
     return InboxDesk(
         InboxConfig(max_messages=100),
         store,
@@ -59,6 +62,7 @@ def clocked_desk(
         activity=lambda _agent: ActivitySummary(state="running"),
         zone=lambda _channel, _chat: UTC,
         render=lambda ch, view: ch.render_card(view),
+        shared=shared,
     )
 
 
@@ -70,7 +74,7 @@ class Desks:
     def __init__(
         self,
         tmp_path: Path,
-        store: SqliteStore,  # noqa: F811
+        store: SqliteStore | RedisStore,  # noqa: F811
         scheduler: RouteScheduler,
         channel: ScriptedChannel,
         agents: Iterable[str],
@@ -84,11 +88,32 @@ class Desks:
     def desk(self) -> InboxDesk:
         return clocked_desk(self.store, self.scheduler, self.channel, self.workdirs, self.now)
 
+    def cluster(self, stores: list[RedisStore]) -> list[InboxDesk]:
+        """One desk per instance of a cluster, each on its own connection (`stores`)."""
+        return [
+            clocked_desk(shared, self.scheduler, self.channel, self.workdirs, self.now, shared=True)
+            for shared in stores
+        ]
 
-async def desks(tmp_path: Path, store: SqliteStore, *agents: str) -> Desks:  # noqa: F811
+
+async def desks(
+    tmp_path: Path,
+    store: SqliteStore | RedisStore,  # noqa: F811
+    *agents: str,
+) -> Desks:
     """`Desks` for `agents`, on a scheduler started on `store`."""
     channel = ScriptedChannel()
     return Desks(tmp_path, store, await started(store, channel), channel, agents)
+
+
+async def cluster_desks(
+    tmp_path: Path, redis_url: str, count: int, *agents: str
+) -> tuple[list[RedisStore], Desks]:
+    """`count` connections to one new key prefix on the Redis at `redis_url`, and `Desks`
+    for `agents` on a scheduler started on the first (`Desks.cluster` makes their desks)."""
+    prefix = f"test-{uuid.uuid4().hex}"
+    stores = [RedisStore(connect(redis_url), prefix) for _ in range(count)]
+    return stores, await desks(tmp_path, stores[0], *agents)
 
 
 async def test_closed_messages_leave_memory_after_a_day_and_open_ones_stay(
@@ -539,30 +564,8 @@ async def test_a_lease_gained_keeps_the_report_wake_row_a_live_writer_rewrote_af
     has one wake with the three reports. The gainer deleted the row without looking: the
     third report got a wake of its own. The writer runs in a thread held at its rewrite, the
     gainer's read of the rows lets it go on and waits for it: no timing."""
-    for agent in ("lead", "worker"):
-        (tmp_path / agent).mkdir()
-    workdirs = {"lead": tmp_path / "lead", "worker": tmp_path / "worker"}
-    prefix = f"test-{uuid.uuid4().hex}"
-    stores = [RedisStore(connect(redis_url), prefix) for _ in range(3)]
-    channel = ScriptedChannel()
-    scheduler = await started(stores[0], channel)
-    now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
-
-    def desk(shared: RedisStore) -> InboxDesk:
-        return InboxDesk(
-            InboxConfig(max_messages=100),
-            shared,
-            scheduler,
-            {"fake": channel},
-            workdirs,
-            clock=lambda: now,
-            activity=lambda _agent: ActivitySummary(state="running"),
-            zone=lambda _channel, _chat: UTC,
-            render=lambda ch, view: ch.render_card(view),
-            shared=True,
-        )
-
-    writer, gainer, successor = (desk(shared) for shared in stores)
+    stores, made = await cluster_desks(tmp_path, redis_url, 3, "lead", "worker")
+    writer, gainer, successor = made.cluster(stores)
     writer.wake("lead", "worker", "report:1", "worker reported 1", report=True)
     row = "report-wake:" + json.dumps(["lead", "worker"])
     at_rewrite, gainer_read = threading.Event(), threading.Event()
@@ -605,7 +608,7 @@ async def test_a_lease_gained_keeps_the_report_wake_row_a_live_writer_rewrote_af
     assert report_wake_texts(tmp_path / "lead" / "inbox") == [
         "worker reported 1\nworker reported 2\nworker reported 3"
     ]
-    await scheduler.stop()
+    await made.scheduler.stop()
     for shared in stores:
         shared.close()
 
@@ -655,29 +658,8 @@ async def test_report_wake_rows_not_keyed_by_two_names_are_named_once_in_a_clust
     queued in lead's inbox, and a take back noted in the inbox of another parent, not
     theirs to look at. Such rows were skipped without a word at every lease gained, and kept
     for good."""
-    for agent in ("lead", "worker"):
-        (tmp_path / agent).mkdir()
-    workdirs = {"lead": tmp_path / "lead", "worker": tmp_path / "worker"}
-    prefix = f"test-{uuid.uuid4().hex}"
-    stores = [RedisStore(connect(redis_url), prefix) for _ in range(2)]
-    channel = ScriptedChannel()
-    scheduler = await started(stores[0], channel)
-
-    def desk(shared: RedisStore) -> InboxDesk:
-        return InboxDesk(
-            InboxConfig(max_messages=100),
-            shared,
-            scheduler,
-            {"fake": channel},
-            workdirs,
-            clock=lambda: datetime(2026, 12, 1, 9, 0, tzinfo=UTC),
-            activity=lambda _agent: ActivitySummary(state="running"),
-            zone=lambda _channel, _chat: UTC,
-            render=lambda ch, view: ch.render_card(view),
-            shared=True,
-        )
-
-    first, second = (desk(shared) for shared in stores)
+    stores, made = await cluster_desks(tmp_path, redis_url, 2, "lead", "worker")
+    first, second = made.cluster(stores)
     wake = "wake_" + "a" * 24
     bad = {
         "report-wake:" + json.dumps(["lead", "worker", "x"]): json.dumps([wake, "text"]),
@@ -707,6 +689,6 @@ async def test_report_wake_rows_not_keyed_by_two_names_are_named_once_in_a_clust
     named = [r.getMessage() for r in caplog.records if "report wake row" in r.getMessage()]
     assert len(named) == len(bad), named
     assert all("does not name two agents" in line for line in named), named
-    await scheduler.stop()
+    await made.scheduler.stop()
     for shared in stores:
         shared.close()
