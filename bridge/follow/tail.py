@@ -61,7 +61,7 @@ class LineFollower:
 
     # One per followed file, four per agent: slots, the path kept as text (a `Path` keeps a
     # list of its parts besides), and the rotation's path made when needed.
-    __slots__ = ("_signed", "files", "path", "position", "signature")
+    __slots__ = ("_signed", "files", "path", "position", "signature", "skipped")
 
     def __init__(self, path: StrPath, files: WorkdirFiles) -> None:
         self.path = os.fspath(path)
@@ -69,6 +69,10 @@ class LineFollower:
         self.position: Position | None = None
         self.signature: FileSignature | None = None
         self._signed = False
+        # Bytes the last `read_new` passed over unread: more than `MAX_READ_BYTES` appended
+        # since the read before (a line that long, or a flood), of which only the last
+        # `MAX_READ_BYTES` are read. A reader that must say what it lost looks here.
+        self.skipped = 0
 
     @property
     def rotated(self) -> str:
@@ -133,6 +137,7 @@ class LineFollower:
 
     def read_new(self) -> list[bytes]:
         """Complete lines appended since the last read (all of a file seen for the first time)."""
+        self.skipped = 0
         st = self.files.stat(self.path)
         lines: list[bytes] = []
         position = self.position
@@ -166,6 +171,7 @@ class LineFollower:
         start = position.offset
         if size - start > MAX_READ_BYTES:
             start = size - MAX_READ_BYTES
+            self.skipped += start - position.offset
         handle = self.files.open(path)
         if handle is None:
             return []

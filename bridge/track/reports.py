@@ -13,6 +13,7 @@ repeats (idempotent) rather than loses.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -20,18 +21,28 @@ from pathlib import Path
 from typing import Final, TypeAlias
 
 from taskcard.bridge.follow.safe_read import StrPath, WorkdirFiles
-from taskcard.bridge.follow.tail import FileSignature, LineFollower, Position, signature
+from taskcard.bridge.follow.tail import (
+    MAX_READ_BYTES,
+    FileSignature,
+    LineFollower,
+    Position,
+    signature,
+)
 from taskcard.bridge.track.activity import ActivitySummary
 from taskcard.bridge.track.files import ACKS_NAME, LINEAGE_NAME, REPORTS_NAME, SideFiles
 from taskcard.bridge.track.monitor import OffsetStore
 from taskcard.producers.reports.contract import (
+    LINE_FIX,
     Ack,
     Lineage,
     Report,
+    line_problem,
     parse_ack,
     parse_lineage,
     parse_report,
 )
+
+logger = logging.getLogger(__name__)
 
 REPORTS_OFFSET: Final = "reports"
 ACKS_OFFSET: Final = "inbox-acks"
@@ -148,6 +159,7 @@ class AgentSide:
 
     __slots__ = (
         "_acks",
+        "_broken_line",
         "_clock",
         "_files",
         "_full_next",
@@ -180,6 +192,9 @@ class AgentSide:
         # found none due (`Service._follow_agent_side`): kept here, with the agent's other
         # per-agent state, rather than in a map of its own.
         self.quiet_signals: QuietSignals | None = None
+        # What was wrong with the first broken line of `reports/reports.jsonl` logged since
+        # the last report read: one warning per run of broken lines (`_broken`).
+        self._broken_line: str | None = None
 
     def refresh(self, changed: frozenset[str] | None = None) -> SideRefresh:
         """What is new; `changed` as in `AgentMonitor.refresh` (None: look at every file).
@@ -194,9 +209,24 @@ class AgentSide:
             for line in history:
                 self._learn(self._dated(parse_report(line)))
             restarted = self._reports.restarted
+            if self._reports.follower.skipped:
+                self._broken(
+                    f"had more than {MAX_READ_BYTES // 1024:,} KB appended at once (a line that"
+                    " long is no report), of which only the last were read"
+                )
             for line in lines:
                 report = self._dated(parse_report(line))
-                if report is not None and self._learn(report, restarted=restarted):
+                if report is None:
+                    problem = line_problem(line)
+                    if problem is not None:
+                        self._broken(f"holds a line that {problem}")
+                    continue
+                if self._broken_line is not None:
+                    self._broken_line = None
+                    logger.info(
+                        "agent %s: %s holds reports again", self._files.agent_id, REPORTS_NAME
+                    )
+                if self._learn(report, restarted=restarted):
                     reports.append(report)
         acks: tuple[Ack, ...] = ()
         if changed is None or ACKS_NAME in changed:
@@ -208,6 +238,19 @@ class AgentSide:
         if not (reports or acks or lineage_changed):
             return _NOTHING_NEW
         return SideRefresh(tuple(reports), acks, lineage_changed)
+
+    def _broken(self, problem: str) -> None:
+        """Log a broken line of the reports file, once until a report is read again: it was
+        skipped without a word, the report in it lost. Later reports are read as ever."""
+        if self._broken_line is None:
+            logger.warning(
+                "agent %s: %s %s; skipped, later reports are still read (%s)",
+                self._files.agent_id,
+                REPORTS_NAME,
+                problem,
+                LINE_FIX,
+            )
+        self._broken_line = problem
 
     def _dated(self, report: Report | None) -> Report | None:
         """`report`, its date no later than now (see the module docstring)."""

@@ -1,8 +1,9 @@
 """`taskcard report`, `taskcard reports` and `taskcard spawn`.
 
 Each prints one JSON object on stdout. Exit codes: 0 done (`reports` with nothing newer
-too: `{"report": null}`), 2 bad input (one line on stderr naming the field and the fix),
-1 the files could not be written.
+too: `{"report": null}`; broken lines of the file it read past are named on stderr, one line
+each, with the exit code still 0), 2 bad input (one line on stderr naming the field and the
+fix), 1 the files could not be written.
 """
 
 from __future__ import annotations
@@ -212,11 +213,16 @@ def run_report(args: argparse.Namespace) -> int:
 
 def run_reports(args: argparse.Namespace) -> int:
     try:
-        report = Reports(args.workdir, channel="cli").after(args.after)
+        reports = Reports(args.workdir, channel="cli")
+        report = reports.after(args.after)
     except ReportError as exc:
         return _fail("reports", str(exc))
     except OSError as exc:
         return _fail("reports", f"cannot read reports/: {exc.strerror}", 1)
+    # Broken lines read past are said on stderr, the answer and its exit code unchanged: the
+    # reports around them are read as ever, and a caller polling for the next one goes on.
+    for line in reports.skipped():
+        print(f"taskcard reports: {line}", file=sys.stderr)
     _print({"report": report})
     return 0
 

@@ -44,7 +44,9 @@ from taskcard.producers.task_card.contract import (
     NOTIFICATION_DIR,
     TASKCARD_DIR,
     count_field,
+    int_or_digits,
     iso_utc,
+    load_json,
     parse_iso,
     parse_json,
     shows_text,
@@ -139,10 +141,55 @@ class Report:
     summary: str | None
 
 
+# How a line of `reports/reports.jsonl` is fixed, for every reader that names a bad one.
+LINE_FIX: Final = "write one JSON object per line, as `taskcard report` does"
+
+
+def _line_value(line: bytes) -> tuple[Any, str | None]:
+    """(the JSON value of a report line, None) or (None, what keeps it from being JSON). A
+    whole number too long for Python (over 4,300 digits) is kept as its digits, so one in a
+    field no reader uses does not lose the report (`int_or_digits`)."""
+    try:
+        return load_json(line, parse_int=int_or_digits), None
+    except UnicodeDecodeError:
+        return None, "is not UTF-8 text"
+    except RecursionError:
+        return None, "nests too deep to be read"
+    except ValueError:
+        return None, "is not JSON"
+
+
+def report_object(line: bytes) -> dict[str, Any] | None:
+    """The JSON object of a report line, or None when the line is no JSON object (total)."""
+    data, _ = _line_value(line)
+    return data if isinstance(data, dict) else None
+
+
+def line_problem(line: bytes) -> str | None:
+    """Why a complete line of `reports/reports.jsonl` is no report, in words that follow its
+    name (`line 3 is not JSON`); None for a report and for a blank line. The one judgment of
+    the service (which logs it) and of `taskcard reports` (which prints it): a broken line
+    was skipped silently by both, the report in it lost without a word."""
+    if not line.strip():
+        return None
+    data, problem = _line_value(line)
+    if problem is not None:
+        return problem
+    if not isinstance(data, dict):
+        return "is not a JSON object"
+    if report_seq(data.get("seq")) is None:
+        return f"has no usable seq (a whole number from 1 to {MAX_SEQ:,})"
+    if parse_iso(data.get("at")) is None:
+        return "has no usable at (an ISO-8601 time)"
+    if not isinstance(data.get("ok"), bool):
+        return "has no ok of true or false"
+    return None
+
+
 def parse_report(line: bytes) -> Report | None:
     """A report, or None when the line lacks a usable `seq`, `at` or boolean `ok`."""
-    data: Any = parse_json(line)
-    if not isinstance(data, dict):
+    data = report_object(line)
+    if data is None:
         return None
     seq = report_seq(data.get("seq"))
     at = parse_iso(data.get("at"))

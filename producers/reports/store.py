@@ -25,11 +25,19 @@ import os
 import re
 import stat
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Final
 
-from taskcard.producers.reports.contract import MAX_SEQ, VERDICT_WORDS, parse_report, report_seq
+from taskcard.producers.reports.contract import (
+    LINE_FIX,
+    MAX_SEQ,
+    VERDICT_WORDS,
+    line_problem,
+    parse_report,
+    report_object,
+    report_seq,
+)
 from taskcard.producers.task_card.contract import (
     NotRegularFile,
     OutsideWorkdir,
@@ -44,7 +52,6 @@ from taskcard.producers.task_card.contract import (
     open_append,
     open_lock,
     open_regular,
-    parse_json,
     quoted,
     read_regular,
     shows_text,
@@ -101,10 +108,20 @@ def encodable(text: str) -> bool:
 def parse_line(raw: bytes) -> dict[str, Any] | None:
     """One report line, or None when it is not one (total; read by the shared JSON reader, so
     a lone surrogate escape comes back as U+FFFD, printable and encodable)."""
-    data = parse_json(raw)
-    if not isinstance(data, dict) or report_seq(data.get("seq")) is None:
+    data = report_object(raw)
+    if data is None or report_seq(data.get("seq")) is None:
         return None
     return data
+
+
+def _problem(line: bytes | None) -> str | None:
+    """Why a line read by `Reports` is no report, None for a report, a blank line or the
+    file's last line while it is still being written (no line break yet)."""
+    if line is None:
+        return f"is longer than {MAX_LINE_BYTES:,} bytes, the most a report line may hold"
+    if not line.endswith(b"\n"):
+        return None
+    return line_problem(line)
 
 
 def is_role(text: str) -> bool:
@@ -213,6 +230,9 @@ class Reports:
         self.path = self.dir / REPORTS_FILE
         self._channel = channel
         self._clock = clock
+        # The broken lines the last `after` read past, each named with its line number and
+        # what is wrong (`skipped`).
+        self._skipped: list[tuple[int, str]] = []
 
     def add(
         self,
@@ -279,21 +299,53 @@ class Reports:
             raise ReportError("after: must be a whole number >= 0 (the last seq you read)")
         self._require_workdir()
         self._require_folder()
+        self._skipped = []
         if seq is None:
-            lines = self._tail_lines()
-            for line in reversed(lines):
-                if (found := parse_line(line)) and (report := readable(found)):
-                    return self._with_payload(report)
-            # The tail holds no report (a long run of other lines after the last one):
-            # walk the whole file rather than answer that there is none.
-            latest = None
-            for found in self._reports():
-                latest = readable(found) or latest
+            latest = self._read(self._tail_lines(), None)
+            if latest is None:
+                # The tail holds no report (a long run of other lines after the last one):
+                # walk the whole file rather than answer that there is none.
+                latest = self._read(self._numbered_lines(), None)
             return None if latest is None else self._with_payload(latest)
-        for found in self._reports():
-            if found["seq"] > seq and (report := readable(found)):
-                return self._with_payload(report)
-        return None
+        found = self._read(self._numbered_lines(), seq)
+        return None if found is None else self._with_payload(found)
+
+    def _read(
+        self, lines: Iterable[tuple[int, bytes | None]], after: int | None
+    ) -> dict[str, Any] | None:
+        """The first readable report with a seq above `after`, or (`after` None) the last one.
+        The broken lines read past where a report could have been are kept (`skipped`):
+        those after the last report at or below `after` (after the latest, for None)."""
+        latest: dict[str, Any] | None = None
+        skipped = self._skipped
+        skipped.clear()
+        for number, line in lines:
+            problem = _problem(line)
+            if problem is not None:
+                skipped.append((number, problem))
+                continue
+            found = parse_line(line) if line is not None else None
+            report = readable(found) if found is not None else None
+            if found is None or report is None:
+                continue  # a blank line, or one still being written
+            if after is not None and found["seq"] > after:
+                return report
+            latest = report
+            skipped.clear()
+        return latest if after is None else None
+
+    def skipped(self, limit: int = 5) -> list[str]:
+        """The broken lines the last `after` read past, in words (`reports/reports.jsonl line
+        3 is not JSON; skipped`), at most `limit` and then how many more: a reader told of
+        no report learns that one may be there and cannot be read."""
+        said = [
+            f"{REPORTS_DIR}/{REPORTS_FILE} line {number:,} {problem}; skipped ({LINE_FIX})"
+            for number, problem in self._skipped[:limit]
+        ]
+        if len(self._skipped) > limit:
+            more = len(self._skipped) - limit
+            said.append(f"{REPORTS_DIR}/{REPORTS_FILE}: {more:,} more broken lines skipped")
+        return said
 
     def _require_workdir(self) -> None:
         """A workdir that is not a folder (missing, a file) is refused, naming it."""
@@ -337,20 +389,27 @@ class Reports:
             )
 
     def _reports(self) -> Iterator[dict[str, Any]]:
-        """Every report line of the file in order; a line over `MAX_LINE_BYTES` is skipped
-        without holding more than that much of it in memory."""
+        """Every report line of the file in order (a line too long is skipped)."""
+        for _, line in self._numbered_lines():
+            if line is not None and (report := parse_line(line)) is not None:
+                yield report
+
+    def _numbered_lines(self) -> Iterator[tuple[int, bytes | None]]:
+        """(line number, line) for every line of the file; None for a line over
+        `MAX_LINE_BYTES`, skipped without holding more than that much of it in memory."""
         handle = self._open_reports()
         if handle is None:
             return
         with handle:
+            number = 0
             while line := handle.readline(MAX_LINE_BYTES + 1):
+                number += 1
                 if len(line) > MAX_LINE_BYTES:
                     while line and not line.endswith(b"\n"):  # the rest of the long line
                         line = handle.readline(MAX_LINE_BYTES)
+                    yield number, None
                     continue
-                report = parse_line(line)
-                if report is not None:
-                    yield report
+                yield number, line
 
     def _open_reports(self) -> BinaryIO | None:
         """The reports file opened for reading, None when there is none. Like every writer,
@@ -431,7 +490,8 @@ class Reports:
         finally:
             os.close(fd)
 
-    def _tail_lines(self) -> list[bytes]:
+    def _tail_lines(self) -> list[tuple[int, bytes | None]]:
+        """The complete lines of the file's last `TAIL_BYTES`, numbered as in the file."""
         handle = self._open_reports()
         if handle is None:
             return []
@@ -440,11 +500,29 @@ class Reports:
             start = max(0, size - TAIL_BYTES)
             handle.seek(start)
             data = handle.read(TAIL_BYTES)
-        lines = data.splitlines()
-        return lines[1:] if start > 0 and lines else lines
+            first = 1
+            if start > 0:
+                # The lines before the tail, counted in bounded chunks; the tail's first
+                # (partial) line is left out.
+                handle.seek(0)
+                left = start
+                while left > 0 and (chunk := handle.read(min(left, 1 << 20))):
+                    first += chunk.count(b"\n")
+                    left -= len(chunk)
+        # Split at line feeds only, as `readline` does (`splitlines` also splits at a carriage
+        # return, which a broken line may hold, and the numbers would differ).
+        lines = [line + b"\n" for line in data.split(b"\n")]
+        lines[-1] = lines[-1][:-1]
+        if not lines[-1]:
+            lines.pop()
+        if start > 0 and lines:
+            lines, first = lines[1:], first + 1
+        return [(first + index, line) for index, line in enumerate(lines)]
 
     def _last_seq(self) -> int:
-        seqs: list[int] = [r["seq"] for line in self._tail_lines() if (r := parse_line(line))]
+        seqs: list[int] = [
+            r["seq"] for _, line in self._tail_lines() if line and (r := parse_line(line))
+        ]
         if not seqs:
             # The tail holds no report (a long run of other lines after the last one): walk
             # the whole file, or numbering would restart at 1 below what the service has seen.

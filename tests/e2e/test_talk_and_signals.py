@@ -1047,6 +1047,53 @@ async def test_a_torn_last_line_does_not_swallow_the_next_report_or_exit(
             assert await chat.serve.aterminate() == 0
 
 
+async def test_broken_report_lines_are_said_once_and_later_reports_still_read(
+    platform: str, tmp_path: Path
+) -> None:
+    """Random bytes, a 9 MB line and a report with a 5,000-digit number in a field no reader
+    uses were skipped without a word by `serve` and by `taskcard reports` (`{"report": null}`,
+    nothing on stderr). `serve` now logs a run of broken lines once, until a report is read
+    again; the report with the long number is read (its field left out); `taskcard reports`
+    names each broken line it read past on stderr, its answer and exit code unchanged."""
+    async with chat_for(platform, tmp_path, ["scribe"]) as chat:
+        wd = workdir(tmp_path, "scribe")
+        publish(wd, "**scribing** 1/2")
+        with chat.serve:
+            await eventually(lambda: chat.message_id_with("scribing"), timeout_s=60, what="card")
+            (wd / "reports").mkdir()
+            reports = wd / "reports" / "reports.jsonl"
+            junk = os.urandom(2000).replace(b"\n", b"x") + b"\n[1]\n"
+            reports.write_bytes(junk)
+            said = "agent scribe: reports/reports.jsonl holds a line that "
+            await eventually(lambda: said in chat.serve.logs, timeout_s=60, what="the warning")
+            with reports.open("ab") as handle:  # the same run of broken lines
+                handle.write(b'{"seq": 1, "summary": "' + b"q" * 9_000_000 + b'"}\n')
+            with reports.open("ab") as handle:
+                handle.write(
+                    b'{"seq": 5, "at": "2026-01-01T00:00:00Z", "ok": true, "summary":'
+                    b' "digits kept", "x": ' + b"9" * 5000 + b"}\n"
+                )
+            await wait_said(chat, "digits kept", "the report with a long number")
+            logs = chat.serve.logs
+            assert logs.count("reports/reports.jsonl") == 2, logs  # the warning, "again"
+            assert "skipped, later reports are still read (write one JSON object per line" in logs
+            assert "agent scribe: reports/reports.jsonl holds reports again" in logs
+            with reports.open("ab") as handle:
+                handle.write(b"not json\n")
+            again = "reports/reports.jsonl holds a line that is not JSON; skipped"
+            await eventually(lambda: again in chat.serve.logs, timeout_s=60, what="a new run")
+            read = run_cli("reports", "--workdir", str(wd), "--after", "5")
+            assert (read.returncode, json.loads(read.stdout)) == (0, {"report": None})
+            assert read.stderr == (
+                "taskcard reports: reports/reports.jsonl line 5 is not JSON; skipped (write one"
+                " JSON object per line, as `taskcard report` does)\n"
+            )
+            latest = run_cli("reports", "--workdir", str(wd))
+            assert json.loads(latest.stdout)["report"]["summary"] == "digits kept"
+            assert "line 5 is not JSON" in latest.stderr
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_a_tool_started_after_the_turn_ended_reads_running(
     platform: str, tmp_path: Path
 ) -> None:

@@ -30,7 +30,10 @@ def taskcard(*args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[byte
 
 def next_report(workdir: Path, *after: str) -> dict[str, Any] | None:
     done = taskcard("reports", "--workdir", str(workdir), *after)
-    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.returncode == 0, done.stderr
+    for said in done.stderr.decode().splitlines():  # only the broken lines read past
+        assert said.startswith("taskcard reports: reports/reports.jsonl line "), said
+        assert "; skipped (write one JSON object per line" in said, said
     report: dict[str, Any] | None = json.loads(done.stdout)["report"]
     return report
 
@@ -716,3 +719,44 @@ async def test_a_file_where_the_reports_folder_goes_is_bad_input_naming_it(
         assert done.returncode == 2, done.stderr
         assert b"reports/: a symlink that leads nowhere" in done.stderr, done.stderr
     assert not (workdir / "missing-inside").exists()
+
+
+def test_reports_names_the_broken_lines_it_reads_past_by_number(workdir: Path) -> None:
+    """Broken lines of `reports/reports.jsonl` gave `{"report": null}` and nothing on stderr:
+    a reader could not tell an empty file from one whose report could not be read. Each one
+    read past where a report could have been is named by its line number, counted alike
+    whether the file is walked from its start or only its tail is read (a carriage return
+    in random bytes is no line break), and the answer and its exit code stay as they were."""
+    reports = workdir / "reports"
+    reports.mkdir()
+
+    def report(seq: int, summary: str) -> bytes:
+        line = {"seq": seq, "at": "2026-01-01T00:00:00Z", "ok": True, "summary": summary}
+        return json.dumps(line).encode() + b"\n"
+
+    filler = b'{"seq": 1, "note": "' + b"x\r" * 200_000 + b'"}\n'  # over the tail read
+    (reports / "reports.jsonl").write_bytes(
+        report(1, "first") + filler + report(2, "second") + b"\x80\xff\r\n" + b"[1]\n" * 7
+    )
+    fix = "; skipped (write one JSON object per line, as `taskcard report` does)"
+    prefix = "taskcard reports: reports/reports.jsonl"
+    after_second = [
+        f"{prefix} line 4 is not UTF-8 text{fix}",
+        *(f"{prefix} line {n} is not a JSON object{fix}" for n in (5, 6, 7, 8)),
+        f"{prefix}: 3 more broken lines skipped",
+    ]
+    for after, summary, said in (
+        ((), "second", after_second),  # the tail alone is read
+        (("--after", "0"), "first", []),
+        (
+            ("--after", "1"),
+            "second",
+            [f"{prefix} line 2 is longer than 65,536 bytes, the most a report line may hold{fix}"],
+        ),
+        (("--after", "2"), None, after_second),
+    ):
+        done = taskcard("reports", "--workdir", str(workdir), *after)
+        assert done.returncode == 0, done.stderr
+        found = json.loads(done.stdout)["report"]
+        assert (found and found["summary"]) == summary
+        assert done.stderr.decode().splitlines() == said, (after, done.stderr)
