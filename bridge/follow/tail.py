@@ -69,9 +69,9 @@ class LineFollower:
         self.position: Position | None = None
         self.signature: FileSignature | None = None
         self._signed = False
-        # Bytes the last `read_new` passed over unread: more than `MAX_READ_BYTES` appended
-        # since the read before (a line that long, or a flood), of which only the last
-        # `MAX_READ_BYTES` are read. A reader that must say what it lost looks here.
+        # Bytes reads passed over unread since `take_skipped`: more than `MAX_READ_BYTES`
+        # appended between two reads (a line that long, or a flood), of which only the last
+        # `MAX_READ_BYTES` were read. A reader that must say what it lost takes them.
         self.skipped = 0
 
     @property
@@ -135,9 +135,14 @@ class LineFollower:
         self.position = Position(inode, end)
         return lines
 
+    def take_skipped(self) -> int:
+        """The bytes passed over unread since the last call (`skipped`), counted once: kept
+        until taken, a refresh that read nothing (the file unchanged) said them again."""
+        skipped, self.skipped = self.skipped, 0
+        return skipped
+
     def read_new(self) -> list[bytes]:
         """Complete lines appended since the last read (all of a file seen for the first time)."""
-        self.skipped = 0
         st = self.files.stat(self.path)
         lines: list[bytes] = []
         position = self.position

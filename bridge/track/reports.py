@@ -209,7 +209,7 @@ class AgentSide:
             for line in history:
                 self._learn(self._dated(parse_report(line)))
             restarted = self._reports.restarted
-            if self._reports.follower.skipped:
+            if self._reports.follower.take_skipped():
                 self._broken(
                     f"had more than {MAX_READ_BYTES // 1024:,} KB appended at once (a line that"
                     " long is no report), of which only the last were read"
