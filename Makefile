@@ -9,16 +9,22 @@ DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: install run test check lint typecheck explore bench bench-quick clean redis-server
 
+# pip passes on what the build backend warns about a local folder. Setuptools always warns
+# that an editable install may be shadowed by "folders in your working directory with the
+# same name as your package": here that folder is the package itself, so this one warning
+# is filtered out by its words; pip's other warnings and its errors still show.
+PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation:UserWarning' $(BIN)/pip install --quiet
+
 $(BIN)/pip:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(RUN_STAMP): pyproject.toml | $(BIN)/pip
-	$(BIN)/pip install --quiet -e .
+	$(PIP_INSTALL) -e .
 	touch $(RUN_STAMP)
 
 $(DEV_STAMP): pyproject.toml | $(BIN)/pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(PIP_INSTALL) -e '.[dev]'
 	touch $(DEV_STAMP) $(RUN_STAMP)
 
 install: $(DEV_STAMP)
