@@ -14,18 +14,29 @@ DEV_STAMP := $(VENV)/.installed-dev
 # same name as your package": here that folder is the package itself, so this one warning
 # is filtered out by its words; pip's other warnings and its errors still show.
 PIP_INSTALL := PYTHONWARNINGS='ignore:Editable installation:UserWarning' $(BIN)/pip install --quiet
+# A `pip install .` into this venv (not editable) leaves a copy of the package in
+# site-packages that later edits never reach, while the stamps still say the venv is set up.
+# Finding that copy, the next target installs the checkout editable again.
+COPIED := $(wildcard $(VENV)/lib/python*/site-packages/taskcard/__init__.py)
+REINSTALL := $(if $(COPIED),FORCE)
+REINSTALL_NOTE := $(VENV) holds a copy of taskcard, not this checkout: installing the checkout editable again
+SAY_REINSTALL := $(if $(COPIED),@echo '$(REINSTALL_NOTE)')
 
 $(BIN)/pip:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(RUN_STAMP): pyproject.toml | $(BIN)/pip
+$(RUN_STAMP): pyproject.toml $(REINSTALL) | $(BIN)/pip
+	$(SAY_REINSTALL)
 	$(PIP_INSTALL) -e .
 	touch $(RUN_STAMP)
 
-$(DEV_STAMP): pyproject.toml | $(BIN)/pip
+$(DEV_STAMP): pyproject.toml $(REINSTALL) | $(BIN)/pip
+	$(SAY_REINSTALL)
 	$(PIP_INSTALL) -e '.[dev]'
 	touch $(DEV_STAMP) $(RUN_STAMP)
+
+FORCE:
 
 install: $(DEV_STAMP)
 

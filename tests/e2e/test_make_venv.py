@@ -17,7 +17,7 @@ from tests.e2e.harness import ROOT
 
 STAND_IN_PIP = """\
 #!{python}
-import json, sys, warnings
+import json, os, pathlib, shutil, sys, warnings
 
 class BuildBackendWarning(UserWarning):
     pass
@@ -32,6 +32,9 @@ warnings.warn_explicit(
     BuildBackendWarning, "setuptools/command/editable_wheel.py", 354,
 )
 warnings.warn_explicit("a backend's other warning", BuildBackendWarning, "backend.py", 1)
+# An editable install takes the place of a copy installed before.
+for copy in pathlib.Path(".venv/lib").glob("python*/site-packages/taskcard"):
+    shutil.rmtree(copy)
 """
 
 
@@ -79,3 +82,34 @@ def test_the_first_install_shows_pip_warnings_but_not_the_editable_one(tmp_path:
     assert "a backend's other warning" in done.stderr
     assert "Editable installation" not in done.stderr  # stdout: the command make echoes
     assert "same name as your package" not in done.stdout + done.stderr
+
+
+def test_a_copy_installed_into_the_venv_is_replaced_by_the_editable_install(
+    tmp_path: Path,
+) -> None:
+    """docs/operators.md once installed with `pip install .` into the checkout's `.venv`: after
+    `make run` that left a copy of the package which no later edit reached, while the stamp
+    said the venv was set up, so `make` never installed again. The next target now finds the
+    copy, says so, and installs the checkout editable; after that it has nothing to do."""
+    folder, log = _checkout(tmp_path)
+    assert _make(folder, ".venv/.installed-run").returncode == 0
+    assert _pip_calls(log) == []  # set up: nothing to do
+
+    copy = folder / ".venv" / "lib" / "python3.11" / "site-packages" / "taskcard"
+    copy.mkdir(parents=True)
+    (copy / "__init__.py").write_text("")
+    done = _make(folder, ".venv/.installed-run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ".venv holds a copy of taskcard, not this checkout" in done.stdout
+    assert _pip_calls(log) == [["install", "--quiet", "-e", "."]]
+
+    again = _make(folder, ".venv/.installed-run")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "holds a copy" not in again.stdout
+    assert len(_pip_calls(log)) == 1
+
+    copy.mkdir(parents=True)  # and for the development tools' target alike
+    (copy / "__init__.py").write_text("")
+    dev = _make(folder, ".venv/.installed-dev")
+    assert dev.returncode == 0, dev.stdout + dev.stderr
+    assert _pip_calls(log)[-1] == ["install", "--quiet", "-e", ".[dev]"]
