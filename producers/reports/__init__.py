@@ -1,10 +1,11 @@
 """Reports and lineage: results that outlive the agent, and who created whom.
 
 `Reports(workdir).add(...)` appends a numbered report to `reports/reports.jsonl` (the seq
-only grows, across restarts and concurrent writers); `after(seq)` reads the next one.
+only grows, across restarts and concurrent writers); `after(seq)` reads the next one, and
+`skipped_lines()` then names the broken lines it read past (as `taskcard reports` says them).
 `spawn(child, parent=..., reason=...)` records a child agent's lineage in
 `<child>/lineage.json` under a depth cap. The same calls are `taskcard report|reports|spawn`
-and the `report` and `spawn` MCP tools. `contract` holds the paths and total parsers the
+and the `report`, `reports` and `spawn` MCP tools. `contract` holds the paths and total parsers the
 service reads (and the inbox message it writes); the file contracts are in docs/reports.md.
 
 May import: the standard library, `producers.task_card.contract`, `producers.inbox.contract`,

@@ -27,6 +27,7 @@ from taskcard.producers.reports.lineage import (
 )
 from taskcard.producers.reports.store import (
     MAX_SUMMARY_CHARS,
+    SKIPPED_SHOWN,
     VERDICTS,
     ReportError,
     Reports,
@@ -48,6 +49,7 @@ READ_DESCRIPTION: Final = (
     "Read a report, yours or a child agent's (child_workdir): the first one numbered above "
     "after (the last seq you read), or the latest without it; report is null when there is "
     "none newer. Read with the seq of the last one you got: nothing skipped, nothing repeated."
+    " skipped names the broken lines of the file read past where a report could have been."
 )
 SPAWN_DESCRIPTION: Final = (
     "Record that you create another agent: its workdir, why (required), its provider. "
@@ -105,6 +107,27 @@ def read_result_schema() -> dict[str, Any]:
                 "type": ["object", "null"],
                 "description": "seq, at, ok, verdict, role, channel, summary, payload_file,"
                 " payload_bytes and payload; null when there is none newer",
+            },
+            "skipped": {
+                "type": "array",
+                "maxItems": SKIPPED_SHOWN,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "line": {"type": "integer", "minimum": 1},
+                        "problem": {"type": "string"},
+                    },
+                    "required": ["line", "problem"],
+                },
+                "description": "present when broken lines of reports/reports.jsonl were read"
+                " past where a report could have been (after the last report at or below"
+                " after, or after the latest): the first ones by line number, what is wrong"
+                " and the fix; a report written there is lost",
+            },
+            "skipped_more": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "with skipped: how many more broken lines were read past",
             },
             "message": {"type": "string", "description": "Why a call failed, and the fix."},
         },
@@ -193,7 +216,8 @@ def call_reports(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
         except WorkdirError as exc:
             return _failed(f"child_workdir: {exc}")
     try:
-        report = Reports(workdir, channel="mcp").after(after)
+        reports = Reports(workdir, channel="mcp")
+        report = reports.after(after)
     except ReportError as exc:
         message = str(exc)
         if child is not None and message.startswith("workdir:"):
@@ -202,7 +226,12 @@ def call_reports(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     except OSError as exc:
         where = "child_workdir" if child is not None else "reports"
         return _failed(f"{where}: cannot read {quoted(str(workdir / 'reports'))} ({exc.strerror})")
-    return {"status": "ok", "report": report}
+    result: dict[str, Any] = {"status": "ok", "report": report}
+    shown, more = reports.skipped_lines()
+    if shown:  # as `taskcard reports` says them on stderr: a report there is lost
+        result["skipped"] = [{"line": number, "problem": text} for number, text in shown]
+        result["skipped_more"] = more
+    return result
 
 
 def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:

@@ -76,6 +76,10 @@ MAX_LINE_BYTES: Final = 64 * 1024
 ROLE_MAX_CHARS: Final = 64
 PAYLOAD_NAME: Final = re.compile(rf"{PAYLOADS_DIR}/[0-9]{{1,18}}\.txt")
 
+# The broken lines `reports` names one by one (on stderr, in the MCP tool's result); the rest
+# are counted.
+SKIPPED_SHOWN: Final = 5
+
 Clock = Callable[[], str]
 
 
@@ -230,9 +234,11 @@ class Reports:
         self.path = self.dir / REPORTS_FILE
         self._channel = channel
         self._clock = clock
-        # The broken lines the last `after` read past, each named with its line number and
-        # what is wrong (`skipped`).
+        # The broken lines the last `after` read past: the first `SKIPPED_SHOWN`, each with
+        # its line number and what is wrong, and how many there were in all (`skipped_lines`).
+        # Bounded: a file of 100,000 broken lines keeps five of them.
         self._skipped: list[tuple[int, str]] = []
+        self._skipped_count = 0
 
     def add(
         self,
@@ -299,7 +305,7 @@ class Reports:
             raise ReportError("after: must be a whole number >= 0 (the last seq you read)")
         self._require_workdir()
         self._require_folder()
-        self._skipped = []
+        self._skipped, self._skipped_count = [], 0
         if seq is None:
             latest = self._read(self._tail_lines(), None)
             if latest is None:
@@ -319,10 +325,13 @@ class Reports:
         latest: dict[str, Any] | None = None
         skipped = self._skipped
         skipped.clear()
+        self._skipped_count = 0
         for number, line in lines:
             problem = _problem(line)
             if problem is not None:
-                skipped.append((number, problem))
+                if len(skipped) < SKIPPED_SHOWN:
+                    skipped.append((number, problem))
+                self._skipped_count += 1
                 continue
             found = parse_line(line) if line is not None else None
             report = readable(found) if found is not None else None
@@ -332,18 +341,27 @@ class Reports:
                 return report
             latest = report
             skipped.clear()
+            self._skipped_count = 0
         return latest if after is None else None
 
-    def skipped(self, limit: int = 5) -> list[str]:
-        """The broken lines the last `after` read past, in words (`reports/reports.jsonl line
-        3 is not JSON; skipped`), at most `limit` and then how many more: a reader told of
-        no report learns that one may be there and cannot be read."""
+    def skipped_lines(self) -> tuple[list[tuple[int, str]], int]:
+        """The broken lines the last `after` read past where a report could have been: the
+        first `SKIPPED_SHOWN` as (line number, what `taskcard reports` says of it:
+        `reports/reports.jsonl line 3 is not JSON; skipped (...)`), and how many more there
+        were. One wording for the command line, the MCP tool and the Python API."""
+        name = f"{REPORTS_DIR}/{REPORTS_FILE}"
         said = [
-            f"{REPORTS_DIR}/{REPORTS_FILE} line {number:,} {problem}; skipped ({LINE_FIX})"
-            for number, problem in self._skipped[:limit]
+            (number, f"{name} line {number:,} {problem}; skipped ({LINE_FIX})")
+            for number, problem in self._skipped
         ]
-        if len(self._skipped) > limit:
-            more = len(self._skipped) - limit
+        return said, self._skipped_count - len(said)
+
+    def skipped(self) -> list[str]:
+        """`skipped_lines` in words, one line each, and then how many more: a reader told of
+        no report learns that one may be there and cannot be read."""
+        shown, more = self.skipped_lines()
+        said = [text for _, text in shown]
+        if more:
             said.append(f"{REPORTS_DIR}/{REPORTS_FILE}: {more:,} more broken lines skipped")
         return said
 

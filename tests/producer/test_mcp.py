@@ -219,6 +219,57 @@ async def test_an_orchestrator_reads_its_childs_reports_in_order_over_mcp(
         )
 
 
+def cli_said(workdir: Path, after: str) -> list[str]:
+    """What `taskcard reports --after AFTER` says on stderr."""
+    done = subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", "reports", "--workdir", str(workdir),
+         "--after", after],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stderr.splitlines()
+
+
+async def test_the_reports_tool_names_the_broken_lines_it_read_past(
+    workdir: Path, cli: CliHost
+) -> None:
+    """`taskcard reports` names on stderr each broken line it read past where a report could
+    have been; the MCP tool answered `{"report": null}` alone, so an orchestrator reading a
+    child's reports over MCP never learned that one may be there and cannot be read. Its
+    result now lists them as the command line words them, five and a count of the rest: a
+    file of 100,000 broken lines makes no huge result."""
+    folder = workdir / "reports"
+    folder.mkdir()
+    good = b'{"seq": 1, "at": "2026-01-01T00:00:00Z", "ok": true}\n'
+    (folder / "reports.jsonl").write_bytes(good + b"not json\n" + b"[1]\n" * 99_999)
+    said = [line.removeprefix("taskcard reports: ") for line in cli_said(workdir, "1")]
+    async with cli.mcp() as session:
+        tool = next(t for t in (await session.list_tools()).tools if t.name == "reports")
+        result = await session.call_tool("reports", {"after": 1})
+        content = result.structured_content
+        assert not result.is_error and isinstance(content, dict), content
+        jsonschema.validate(content, tool.output_schema)
+        assert content["report"] is None
+        assert [item["line"] for item in content["skipped"]] == [2, 3, 4, 5, 6]
+        assert [item["problem"] for item in content["skipped"]] == said[:5]
+        assert content["skipped"][0]["problem"] == (
+            "reports/reports.jsonl line 2 is not JSON; skipped (write one JSON object per line,"
+            " as `taskcard report` does)"
+        )
+        assert content["skipped"][1]["problem"].startswith(
+            "reports/reports.jsonl line 3 is not a JSON object; skipped"
+        )
+        assert content["skipped_more"] == 99_995
+        assert said[5] == "reports/reports.jsonl: 99,995 more broken lines skipped"
+        # The latest report is read past them too; after a report that follows, nothing is
+        # named (the broken lines lie before it).
+        latest = (await session.call_tool("reports", {})).structured_content
+        assert isinstance(latest, dict) and latest["report"]["seq"] == 1
+        assert latest["skipped_more"] == 99_995
+        assert (await session.call_tool("report", {"ok": True})).is_error is False
+        after = (await session.call_tool("reports", {"after": 2})).structured_content
+        assert after == {"status": "ok", "report": None}
+
+
 def resolved(path: Path) -> Path:
     return path.resolve()
 

@@ -760,3 +760,15 @@ def test_reports_names_the_broken_lines_it_reads_past_by_number(workdir: Path) -
         found = json.loads(done.stdout)["report"]
         assert (found and found["summary"]) == summary
         assert done.stderr.decode().splitlines() == said, (after, done.stderr)
+        # The Python API says the same: the first five by number, in the same words, and
+        # how many more.
+        reader = Reports(workdir)
+        read = reader.after(int(after[1]) if after else None)
+        assert (read and read["summary"]) == summary
+        assert [f"taskcard reports: {line}" for line in reader.skipped()] == said
+        shown, more = reader.skipped_lines()
+        assert [f"taskcard reports: {text}" for _, text in shown] == said[:5]
+        assert [number for number, _ in shown] == [
+            int(line.split(" line ")[1].split()[0]) for line in said[:5]
+        ]
+        assert more == (3 if len(said) > 5 else 0)
