@@ -125,6 +125,7 @@ from taskcard.bridge.store.sqlite import (
     in_batches,
 )
 from taskcard.bridge.track.due import DueAgents
+from taskcard.bridge.track.files import REPORTS_NAME
 from taskcard.bridge.track.ledger import LedgerView, ledger_row
 from taskcard.bridge.track.monitor import (
     NOTIFICATIONS_OFFSET,
@@ -2250,32 +2251,40 @@ class Service:
 
     def _problem_sources(
         self, agent_id: str
-    ) -> tuple[Mapping[str, str], Mapping[str, str], str | None]:
-        """Where an agent's problems are kept: its refused files (name -> reason), its failed
-        stages (stage -> fault) and why its inbox cannot be written. `agent_problems` words
-        them and `_has_problems` asks whether any is there, both from here alone."""
+    ) -> tuple[Mapping[str, str], str | None, Mapping[str, str], str | None]:
+        """Where an agent's problems are kept: its refused files (name -> reason), the broken
+        lines of its reports file (a problem of its own: a file's is looked at again at every
+        stat, a line's lasts until a good report), its failed stages (stage -> fault) and why
+        its inbox cannot be written. `agent_problems` words them and `_has_problems` asks
+        whether any is there, both from here alone."""
         monitor = self._monitors.get(agent_id)
+        side = self._sides.get(agent_id)
         return (
             monitor.files.problems if monitor is not None else {},
+            side.broken_reports if side is not None else None,
             self._faults.get(agent_id, {}),
             self._desk.problems.get(agent_id),
         )
 
     def agent_problems(self, agent_id: str) -> list[str]:
-        """What is wrong with one agent now: refused files first, then failed stages."""
+        """What is wrong with one agent now: its files first, then failed stages."""
         if not self._has_problems(agent_id):
             return []  # the common case: nothing built
-        refused, faults, inbox = self._problem_sources(agent_id)
+        refused, broken_reports, faults, inbox = self._problem_sources(agent_id)
         problems = [f"{name}: {reason}" for name, reason in sorted(refused.items())]
+        if broken_reports is not None:
+            problems.append(f"{REPORTS_NAME}: {broken_reports}")
         return problems + sorted(faults.values()) + ([inbox] if inbox else [])
 
     def _has_problems(self, agent_id: str) -> bool:
-        """Whether `agent_problems` would list anything: `_problem_sources`' three places
+        """Whether `agent_problems` would list anything: `_problem_sources`' four places
         looked at without building its answer (asked twice per change, and per line of a
         board; the callers ask this first and word the problems only when there are some)."""
         monitor = self._monitors.get(agent_id)
+        side = self._sides.get(agent_id)
         return bool(
             (monitor is not None and monitor.files.problems)
+            or (side is not None and side.reports_broken)
             or self._faults.get(agent_id)
             or self._desk.problems.get(agent_id)
         )

@@ -6,7 +6,9 @@ at the end (old reports are not announced again) but a bounded tail tells which 
 latest. A report dated ahead of the clock is taken as dated when it was read: its date is the
 agent side's word, and a date in the future would count as "reported since" every later
 start and turn, silencing the exited and idle signals for good. `lineage.json` is read again
-whenever its signature changes; a broken one keeps the last good reading. Offsets move only
+whenever its signature changes; a broken one keeps the last good reading. A run of broken
+report lines is logged once and kept as the agent's problem (`broken_reports`) until a report
+is read after it or the file is replaced or removed. Offsets move only
 through `commit`, after the caller recorded what `refresh` returned, so a crash in between
 repeats (idempotent) rather than loses.
 """
@@ -79,6 +81,7 @@ class _Followed:
         "_restarted_inode",
         "follower",
         "pending",
+        "started_over",
     )
 
     def __init__(
@@ -95,10 +98,13 @@ class _Followed:
         # followed, or was truncated): its lines may be a new series numbered from 1 again.
         # Kept, since the file is often seen empty (just created) before its first line.
         self._restarted_inode: int | None = None
+        # Whether the last `read` began the file again from its start (see above).
+        self.started_over = False
 
     def read(self) -> tuple[list[bytes], list[bytes]]:
         """(history lines seen at first sight, new lines)."""
         follower = self.follower
+        self.started_over = False
         if not self._primed:
             self._primed = True
             follower.unchanged()
@@ -129,6 +135,7 @@ class _Followed:
         if position is not None:
             if was is not None and (position.inode != was[0] or position.offset < was[1]):
                 self._restarted_inode = position.inode
+                self.started_over = True
             self.pending = (position.inode, position.offset)
         return lines
 
@@ -206,8 +213,22 @@ class AgentSide:
         reports: list[Report] = []
         if changed is None or REPORTS_NAME in changed:
             history, lines = self._reports.read()
+            if self._broken_line is not None and (
+                self._reports.started_over or self._reports.follower.signature is None
+            ):
+                # Replaced, truncated or removed: the broken lines went with the file.
+                self._broken_line = None
+                logger.info(
+                    "agent %s: %s was replaced or removed, and its broken lines with it",
+                    self._files.agent_id,
+                    REPORTS_NAME,
+                )
             for line in history:
-                self._learn(self._dated(parse_report(line)))
+                # Judged too: a file whose last lines are broken is so after a restart as
+                # well (the lines after the last report read are where a report is lost).
+                report = self._dated(parse_report(line))
+                self._judge(line, report)
+                self._learn(report)
             restarted = self._reports.restarted
             if self._reports.follower.take_skipped():
                 self._broken(
@@ -216,17 +237,8 @@ class AgentSide:
                 )
             for line in lines:
                 report = self._dated(parse_report(line))
-                if report is None:
-                    problem = line_problem(line)
-                    if problem is not None:
-                        self._broken(f"holds a line that {problem}")
-                    continue
-                if self._broken_line is not None:
-                    self._broken_line = None
-                    logger.info(
-                        "agent %s: %s holds reports again", self._files.agent_id, REPORTS_NAME
-                    )
-                if self._learn(report, restarted=restarted):
+                self._judge(line, report)
+                if report is not None and self._learn(report, restarted=restarted):
                     reports.append(report)
         acks: tuple[Ack, ...] = ()
         if changed is None or ACKS_NAME in changed:
@@ -239,9 +251,42 @@ class AgentSide:
             return _NOTHING_NEW
         return SideRefresh(tuple(reports), acks, lineage_changed)
 
+    @property
+    def reports_broken(self) -> bool:
+        """Whether `broken_reports` says anything (asked at every change, without words)."""
+        return self._broken_line is not None
+
+    @property
+    def broken_reports(self) -> str | None:
+        """What is wrong with `reports/reports.jsonl` since the last report read, for
+        `taskcard status` and the card (after the file's name), or None. A line's problem,
+        unlike a file's (`WorkdirFiles.problems`, looked at again at each stat), lasts until
+        the file is good again: a report read after the broken lines, or the file replaced,
+        truncated or removed."""
+        if self._broken_line is None:
+            return None
+        return (
+            f"{self._broken_line}; skipped, so a report there is lost, and later ones are still"
+            f" read ({LINE_FIX}; `taskcard reports` names each broken line by number)"
+        )
+
+    def _judge(self, line: bytes, report: Report | None) -> None:
+        """A line of the reports file read: a report ends a run of broken lines, a broken
+        line starts or continues one, a blank line does neither."""
+        if report is not None:
+            if self._broken_line is not None:
+                self._broken_line = None
+                logger.info("agent %s: %s holds reports again", self._files.agent_id, REPORTS_NAME)
+            return
+        problem = line_problem(line)
+        if problem is not None:
+            self._broken(f"holds a line that {problem}")
+
     def _broken(self, problem: str) -> None:
         """Log a broken line of the reports file, once until a report is read again: it was
-        skipped without a word, the report in it lost. Later reports are read as ever."""
+        skipped without a word, the report in it lost. Later reports are read as ever. The
+        first problem of the run is the one shown (`broken_reports`): the card does not
+        change at each broken line."""
         if self._broken_line is None:
             logger.warning(
                 "agent %s: %s %s; skipped, later reports are still read (%s)",
@@ -250,7 +295,7 @@ class AgentSide:
                 problem,
                 LINE_FIX,
             )
-        self._broken_line = problem
+            self._broken_line = problem
 
     def _dated(self, report: Report | None) -> Report | None:
         """`report`, its date no later than now (see the module docstring)."""

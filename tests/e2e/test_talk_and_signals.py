@@ -1094,6 +1094,107 @@ async def test_broken_report_lines_are_said_once_and_later_reports_still_read(
             assert await chat.serve.aterminate() == 0
 
 
+async def test_broken_report_lines_are_a_problem_of_the_agent_until_its_file_is_good_again(
+    platform: str, tmp_path: Path
+) -> None:
+    """A broken line of `reports/reports.jsonl` was said only in serve's log: `taskcard status`
+    and the card, where people look for what is wrong with an agent, showed nothing, as the
+    per-file problems are looked at again at every stat of the file. The line is a problem
+    of its own now: listed with the fix, on the card and in `status`, until a good report is
+    read after it, or the file is replaced; kept across a restart (the file still ends with
+    it). Another agent's card and status stay clean."""
+    async with chat_for(platform, tmp_path, ["scribe", "other"]) as chat:
+        wd = workdir(tmp_path, "scribe")
+        publish(wd, "**scribing** 1/3")
+        publish(workdir(tmp_path, "other"), "**drafting**")
+        (wd / "reports").mkdir()
+        reports = wd / "reports" / "reports.jsonl"
+        row = "⚠ reports/reports.jsonl: holds a line that is not JSON; skipped"
+        fix = "write one JSON object per line, as `taskcard report` does"
+
+        def card(words: str) -> str:
+            return next(t for t in chat.bot_texts() if words in t)
+
+        def status() -> str:
+            return run_cli("status", "--config", str(chat.serve.config)).stdout
+
+        def problems_of(agent: str) -> str | None:
+            listed = json.loads(
+                run_cli("status", "--config", str(chat.serve.config), "--json").stdout
+            )
+            (found,) = [a["problems"] for a in listed["agents"] if a["agent"] == agent]
+            return "\n".join(found) or None
+
+        async def shown(on: bool) -> None:
+            await eventually(
+                lambda: ("⚠ reports/reports.jsonl:" in card("scribing")) is on,
+                timeout_s=60,
+                what=f"the row {on}",
+            )
+            await eventually(
+                lambda: (problems_of("scribe") is not None) is on, timeout_s=60, what="status"
+            )
+
+        with chat.serve:
+            await wait_said(chat, "scribing", "scribe's card")
+            await wait_said(chat, "drafting", "other's card")
+            reports.write_bytes(b"not json\n")
+            await shown(True)
+            assert row in card("scribing")
+            assert fix in card("scribing") and "`taskcard reports` names each" in card("scribing")
+            said = problems_of("scribe")
+            assert said is not None and said.startswith(
+                "reports/reports.jsonl: holds a line that is not JSON; skipped, so a report"
+                " there is lost"
+            ), said
+            assert fix in said
+            text = status()
+            assert "agent scribe: PROBLEMS" in text and "agent other: PROBLEMS" not in text
+            assert "⚠" not in card("drafting") and problems_of("other") is None
+            # A good report after the broken line: the file is good again.
+            Reports(wd).add(ok=True, summary="first round")
+            await wait_said(chat, "first round", "the report's notice")
+            await shown(False)
+            # Broken again, then the file replaced: the broken lines went with it.
+            with reports.open("ab") as handle:
+                handle.write(b"[1]\n")
+            await eventually(
+                lambda: (
+                    "⚠ reports/reports.jsonl: holds a line that is not a JSON object"
+                    in card("scribing")
+                ),
+                timeout_s=60,
+                what="the row of a new run",
+            )
+            fresh = reports.with_name("fresh.jsonl")
+            fresh.write_bytes(b"")
+            os.replace(fresh, reports)
+            await shown(False)
+            with reports.open("ab") as handle:
+                handle.write(b"\x80 not text\n")
+            await eventually(
+                lambda: "holds a line that is not UTF-8 text" in card("scribing"),
+                timeout_s=60,
+                what="the row of a line that is not UTF-8",
+            )
+            assert await chat.serve.aterminate() == 0
+        with chat.restart():
+            # The file still ends with the broken line: shown after the restart too.
+            publish(wd, "**scribing** 2/3")
+            await wait_said(chat, "2/3", "the card after the restart")
+            await eventually(
+                lambda: "holds a line that is not UTF-8 text" in card("2/3"),
+                timeout_s=60,
+                what="the row after the restart",
+            )
+            assert problems_of("scribe") is not None and problems_of("other") is None
+            reports.unlink()  # removed: nothing broken is left
+            publish(wd, "**scribing** 3/3")
+            await eventually(lambda: "3/3" in card("scribing"), timeout_s=60, what="3/3")
+            await shown(False)
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_a_tool_started_after_the_turn_ended_reads_running(
     platform: str, tmp_path: Path
 ) -> None:
