@@ -1289,21 +1289,30 @@ class InboxDesk:
         The take back is noted in the store first, with its carrier, until the carrier is
         queued (or the wake put back, or owed with it): a stop in between left the wake in
         `cancelled/`, which no agent reads, and the next start puts it back
-        (`_put_back_taken`)."""
-        last = self._forget_report_wake((parent_id, child_id))
-        if last is None:
-            return None
-        kept = joined_report_wakes(last[1], text)
-        if kept is None:
-            return None
+        (`_put_back_taken`).
+
+        The row is replaced by the note, and the note deleted, only while it holds what
+        was read (`StateStore.replace_cursor_if`): clustered, another instance may write the
+        pair meanwhile (it gained the child's lease, this one running its last turn), and
+        its row stays; this wake then takes nothing back and goes alone."""
         cursor = _report_wake_cursor(parent_id, child_id)
-        self._store.set_cursor(cursor, json.dumps([last[0], last[1], carrier]))
+        stored, last = self._last_report_wake((parent_id, child_id))
+        kept = None if last is None else joined_report_wakes(last[1], text)
+        if last is None or kept is None:
+            if stored:  # a row per pair ever seen was left behind; this wake writes its own
+                self._store.replace_cursor_if(cursor, stored, None)
+            return None
+        note = json.dumps([last[0], last[1], carrier])
+        if stored is None:  # alone on the state, remembered only: see `_last_report_wake`
+            self._store.set_cursor(cursor, note)
+        elif not self._store.replace_cursor_if(cursor, stored, note):
+            return None
         try:
             taken = writer.cancel(last[0])
         except InboxRefused:
             taken = False
         if not taken:
-            self._store.delete_cursors([cursor])
+            self._store.replace_cursor_if(cursor, note, None)
             return None
         return _TakenBack(last[0], last[1], kept)
 
@@ -1409,22 +1418,35 @@ class InboxDesk:
         )
         return True
 
-    def _forget_report_wake(self, key: tuple[str, str]) -> tuple[str, str] | None:
-        """The report wake last queued for (parent, child), from memory or else from the
-        store (the service restarted since), forgotten in both."""
-        last = self._report_wakes.pop(key, None)
+    def _last_report_wake(self, key: tuple[str, str]) -> tuple[str | None, tuple[str, str] | None]:
+        """The store's row of (parent, child) as read, and the report wake still queued it
+        names (its id and text): None for a note of a take back, or a row this desk would
+        not have written (deleted, named once: `_say_bad_report_row`). The wake this desk
+        last queued for the pair is taken from memory first: a state disk that fails holds
+        the row's write back."""
+        remembered = self._report_wakes.pop(key, None)
         cursor = _report_wake_cursor(*key)
         stored = self._store.get_cursor(cursor)
+        if remembered is not None:
+            return stored, remembered
         if not stored:
-            return last
-        self._store.delete_cursors([cursor])  # a row per pair ever seen was left behind
-        if last is not None:
-            return last
+            return stored, None
         row = _report_row(cursor, stored)
         if isinstance(row, str):
-            _say_bad_report_row(cursor, stored, row)
-            return None  # not what this desk writes: no wake to take back
-        return None if row.carrier is not None else (row.ident, row.body)
+            if self._store.replace_cursor_if(cursor, stored, None):
+                _say_bad_report_row(cursor, stored, row)
+            return None, None
+        return stored, None if row.carrier is not None else (row.ident, row.body)
+
+    def _forget_report_wake(self, key: tuple[str, str]) -> None:
+        """Forget the report wake last queued for (parent, child), in memory and in the
+        store: the row is deleted only while it holds what was read, so one another
+        instance wrote in between (it gained the child's lease) stays."""
+        self._report_wakes.pop(key, None)
+        cursor = _report_wake_cursor(*key)
+        stored = self._store.get_cursor(cursor)
+        if stored is not None:
+            self._store.replace_cursor_if(cursor, stored, None)
 
     def forget_departed(self, fleet: Collection[str]) -> int:
         """At start: forget the report-wake cursors of pairs whose parent or child is not

@@ -692,3 +692,87 @@ async def test_report_wake_rows_not_keyed_by_two_names_are_named_once_in_a_clust
     await made.scheduler.stop()
     for shared in stores:
         shared.close()
+
+
+async def test_an_instance_forgetting_a_report_wake_row_deletes_none_written_after_its_read(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Three instances on a real Redis. `old` wakes lead for worker's first report, and
+    its fleet then loses worker (a reload) while `new`, which gained worker's lease, is
+    already writing: `new` writes worker's second report between `old`'s read of the
+    report-wake row and its delete, taking the first wake back and queueing one that
+    carries both. `old` deletes only the row it read, so the newer row stays, and
+    worker's third report, written by a third instance with no memory of the pair,
+    joins that wake: lead has one wake with the three reports. Deleted without a
+    compare, the row `new` wrote was gone, and the third report got a wake of its own.
+    The second report is written inside `old`'s read: no timing."""
+    stores, made = await cluster_desks(tmp_path, redis_url, 3, "lead", "worker")
+    old, new, successor = made.cluster(stores)
+    old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    get_cursor = stores[0].get_cursor
+    written: list[str | None] = []
+
+    def read_then_the_new_holder_writes(key: str) -> str | None:
+        found = get_cursor(key)
+        if key == row:
+            stores[0].get_cursor = get_cursor  # type: ignore[method-assign]
+            new.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+            written.append(stores[1].get_cursor(row))
+        return found
+
+    stores[0].get_cursor = read_then_the_new_holder_writes  # type: ignore[method-assign]
+    old.remove_agent("worker")
+    assert written, "old never read the row"
+    assert stores[2].get_cursor(row) == written[0]
+    successor.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == [
+        "worker reported 1\nworker reported 2\nworker reported 3"
+    ]
+    await made.scheduler.stop()
+    for shared in stores:
+        shared.close()
+
+
+async def test_a_report_read_as_another_instance_writes_the_pair_leaves_that_row(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three instances on a real Redis. `old` wakes lead for worker's first report; then,
+    running its last turn as worker's lease moves to `new`, it reads the report-wake row
+    for worker's second report, and `new` writes worker's third in between (it takes the
+    first wake back into one carrying both), after which lead's inbox refuses `old`'s wake
+    (owed). `old` replaces the row with its note of a take back only while the row holds
+    what it read: it takes nothing back, the row `new` wrote stays, and worker's fourth
+    report, written by a third instance, joins that wake. Deleted then noted without a
+    compare, the row was gone and the fourth report got a wake of its own. The third
+    report is written inside `old`'s read, and the refusal made by raising where it would
+    happen: no timing."""
+    stores, made = await cluster_desks(tmp_path, redis_url, 3, "lead", "worker")
+    old, new, successor = made.cluster(stores)
+    old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    get_cursor = stores[0].get_cursor
+
+    def refused(*_args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as faults:
+
+        def read_then_the_new_holder_writes(key: str) -> str | None:
+            found = get_cursor(key)
+            if key == row:
+                stores[0].get_cursor = get_cursor  # type: ignore[method-assign]
+                new.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+                faults.setattr(InboxWriter, "queue", refused)
+            return found
+
+        stores[0].get_cursor = read_then_the_new_holder_writes  # type: ignore[method-assign]
+        old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+    assert "lead" in old.problems  # owed, to be written again once the inbox works
+    successor.wake("lead", "worker", "report:4", "worker reported 4", report=True)
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == [
+        "worker reported 1\nworker reported 3\nworker reported 4"
+    ]
+    await made.scheduler.stop()
+    for shared in stores:
+        shared.close()
