@@ -461,7 +461,8 @@ class InboxDesk:
         # many agents takes them one by one, without reading (or parsing) every row again.
         self._shared_messages = OncePerTurn(self._read_shared_messages)
         self.problems: dict[str, str] = {}  # agent -> why its inbox cannot be written
-        # (parent, child) -> the id and text of the report wake last queued (see the doc)
+        # (parent, child) -> the id and text of the report wake last queued (see the doc);
+        # clustered, read only for the pairs written here (`_last_report_wake`)
         self._report_wakes: dict[tuple[str, str], tuple[str, str]] = {}
         self._wake_retries: dict[str, _WakeRetry] = {}  # agent -> the wakes it is owed
         self._stored_owed = OncePerTurn(self._read_owed)
@@ -1421,13 +1422,16 @@ class InboxDesk:
     def _last_report_wake(self, key: tuple[str, str]) -> tuple[str | None, tuple[str, str] | None]:
         """The store's row of (parent, child) as read, and the report wake still queued it
         names (its id and text): None for a note of a take back, or a row this desk would
-        not have written (deleted, named once: `_say_bad_report_row`). The wake this desk
-        last queued for the pair is taken from memory first: a state disk that fails holds
-        the row's write back."""
+        not have written (deleted, named once: `_say_bad_report_row`). Alone on the state,
+        the wake this desk last queued for the pair is taken from memory first: a state
+        disk that fails holds the row's write back. Clustered, from the store alone: the
+        memory is stale once another instance wrote the pair (it held the child's lease, or
+        the parent's, for a while) and took that wake back since, and the child's next
+        report, its take back finding nothing, went alone beside the wake still queued."""
         remembered = self._report_wakes.pop(key, None)
         cursor = _report_wake_cursor(*key)
         stored = self._store.get_cursor(cursor)
-        if remembered is not None:
+        if remembered is not None and not self._shared:
             return stored, remembered
         if not stored:
             return stored, None

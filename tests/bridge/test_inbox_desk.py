@@ -26,6 +26,7 @@ from taskcard.bridge.run.inbox_desk import (
     InboxDesk,
     _stored_tries,
     _stored_wake,
+    _wake_ident,
     joined_report_wakes,
     owed_tries_cursor,
     status_key,
@@ -770,6 +771,65 @@ async def test_a_report_read_as_another_instance_writes_the_pair_leaves_that_row
         old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
     assert "lead" in old.problems  # owed, to be written again once the inbox works
     successor.wake("lead", "worker", "report:4", "worker reported 4", report=True)
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == [
+        "worker reported 1\nworker reported 3\nworker reported 4"
+    ]
+    await made.scheduler.stop()
+    for shared in stores:
+        shared.close()
+
+
+async def test_an_instance_serving_a_child_again_joins_the_wake_another_wrote_meanwhile(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Two instances on a real Redis take turns at worker's lease. `first` wakes lead for
+    worker's first report and loses the lease; `second` gains it, and worker's second
+    report takes that wake back and queues one carrying both; `first` gains the lease
+    again, and worker's third report joins that wake: lead has one wake with the three
+    reports. `first` took its memory of the first wake for worker's wake still queued over
+    the store's row: it found that wake gone and queued the third report alone."""
+    stores, made = await cluster_desks(tmp_path, redis_url, 2, "lead", "worker")
+    first, second = made.cluster(stores)
+    first.take_agent("worker")
+    first.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    first.drop_agent("worker")
+    second.take_agent("worker")
+    second.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+    second.drop_agent("worker")
+    first.take_agent("worker")
+    first.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == [
+        "worker reported 1\nworker reported 2\nworker reported 3"
+    ]
+    await made.scheduler.stop()
+    for shared in stores:
+        shared.close()
+
+
+async def test_an_instance_that_gained_the_parent_and_then_the_child_joins_the_newer_wake(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Three instances on a real Redis. `stopped` wakes lead for worker's first report and
+    stops as worker's second report takes that wake back (the note of the take back is in
+    the store, the wake in lead's `cancelled/`, its carrier never written). `first` gains
+    lead's lease and puts the wake back; `second`, serving worker, takes it back again into
+    the wake of worker's third report; `first` then gains worker's lease too, and worker's
+    fourth report joins `second`'s wake: lead has one wake with the reports. `first` took
+    the wake it had put back for worker's wake still queued: it found it gone and queued
+    the fourth report alone."""
+    stores, made = await cluster_desks(tmp_path, redis_url, 3, "lead", "worker")
+    stopped, first, second = made.cluster(stores)
+    stopped.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    ident, text = json.loads(stores[0].get_cursor(row) or "null")
+    stores[0].set_cursor(row, json.dumps([ident, text, _wake_ident("worker:report:2")]))
+    assert InboxWriter(made.workdirs["lead"]).cancel(ident)
+    first.take_agent("lead")
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == ["worker reported 1"]
+    second.take_agent("worker")
+    second.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+    first.take_agent("worker")
+    first.wake("lead", "worker", "report:4", "worker reported 4", report=True)
     assert report_wake_texts(tmp_path / "lead" / "inbox") == [
         "worker reported 1\nworker reported 3\nworker reported 4"
     ]
