@@ -374,11 +374,13 @@ class _WakeRetry:
 @dataclass(frozen=True)
 class _TakenBack:
     """A report wake withdrawn from `queued/` for the next wake to carry: its id, its text
-    as it was queued (`whole`) and as the next wake carries it (`kept`, maybe cut)."""
+    as it was queued (`whole`) and as the next wake carries it (`kept`, maybe cut), and the
+    report-wake row noting the take back (`note`)."""
 
     ident: str
     whole: str
     kept: str
+    note: str
 
 
 class AuthorRate:
@@ -1142,9 +1144,13 @@ class InboxDesk:
             # loses nothing: the owed row (carrying the wake taken back), then the note of
             # the take back goes (it is carried now: not put back at the next start), then
             # the notice is failed (pending, the next start owes it: `_take_cut_short`).
+            # The note goes only while it is the row: clustered, another instance writing the
+            # child's reports meanwhile (it gained the child's lease) may have replaced it
+            # with its own wake still queued, which the child's next report joins.
             self._owe_wake(parent_id, notice_id, wake)
-            if carried:
-                self._store.delete_cursors([_report_wake_cursor(parent_id, child_id)])
+            if carried and taken_back is not None:
+                cursor = _report_wake_cursor(parent_id, child_id)
+                self._store.replace_cursor_if(cursor, taken_back.note, None)
             self._store.set_notice_state(route, notice_id, "failed")
             return False
         owed = self._wake_retries.get(parent_id)
@@ -1315,7 +1321,7 @@ class InboxDesk:
         if not taken:
             self._store.replace_cursor_if(cursor, note, None)
             return None
-        return _TakenBack(last[0], last[1], kept)
+        return _TakenBack(last[0], last[1], kept, note)
 
     def _read_report_rows(self) -> dict[str, str]:
         """Every report-wake row the store keeps (`_report_rows`)."""

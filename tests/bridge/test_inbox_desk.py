@@ -836,3 +836,57 @@ async def test_an_instance_that_gained_the_parent_and_then_the_child_joins_the_n
     await made.scheduler.stop()
     for shared in stores:
         shared.close()
+
+
+async def test_a_wake_owed_with_the_one_it_took_back_leaves_a_row_written_since(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three instances on a real Redis. `old` wakes lead for worker's first report; its
+    wake for the second takes that one back, and lead's inbox refuses both it and the
+    first moved back, so the wake is owed carrying the two. As `old` writes that owed row,
+    `new`, which gained worker's lease, writes worker's third report (the inbox works for
+    it): `old`'s note of the take back is the row it finds, so the third goes alone and
+    its wake becomes the row. `old` then deletes its note only while it is the row, so
+    `new`'s stays, and worker's fourth report, written by a third instance, joins that
+    wake. Deleted without a compare, the row was gone and the fourth went alone. The
+    third report is written inside `old`'s write of its owed row, the refusals made by
+    raising where they would happen: no timing."""
+    stores, made = await cluster_desks(tmp_path, redis_url, 3, "lead", "worker")
+    old, new, successor = made.cluster(stores)
+    old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    refusing = [True]
+    queue, restore = InboxWriter.queue, InboxWriter.restore
+
+    def queue_refused(writer: InboxWriter, message: dict[str, object]) -> None:
+        if refusing[0]:
+            raise OSError(28, "No space left on device")
+        queue(writer, message)
+
+    def restore_refused(writer: InboxWriter, ident: str) -> bool:
+        if refusing[0]:
+            raise InboxRefused("inbox/cancelled cannot be moved back")
+        return restore(writer, ident)
+
+    set_cursor = stores[0].set_cursor
+
+    def owed_then_the_new_holder_writes(key: str, value: str) -> None:
+        set_cursor(key, value)
+        if key.startswith(OWED_WAKE_CURSOR):
+            stores[0].set_cursor = set_cursor  # type: ignore[method-assign]
+            refusing[0] = False
+            new.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+            refusing[0] = True
+
+    with monkeypatch.context() as faults:
+        faults.setattr(InboxWriter, "queue", queue_refused)
+        faults.setattr(InboxWriter, "restore", restore_refused)
+        stores[0].set_cursor = owed_then_the_new_holder_writes  # type: ignore[method-assign]
+        old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+    assert stores[0].set_cursor == set_cursor, "old never wrote its owed row"
+    successor.wake("lead", "worker", "report:4", "worker reported 4", report=True)
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == [
+        "worker reported 3\nworker reported 4"
+    ]
+    await made.scheduler.stop()
+    for shared in stores:
+        shared.close()
