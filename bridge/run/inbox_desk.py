@@ -1301,27 +1301,36 @@ class InboxDesk:
         The row is replaced by the note, and the note deleted, only while it holds what
         was read (`StateStore.replace_cursor_if`): clustered, another instance may write the
         pair meanwhile (it gained the child's lease, this one running its last turn), and
-        its row stays; this wake then takes nothing back and goes alone."""
+        its row stays; this wake then takes nothing back and goes alone.
+
+        A note of an earlier take back found here (clustered: the instance that wrote it
+        stopped before its carrier, and the parent's lease stayed where it was, so no
+        lease gained put it back) is put back first, as a lease gained would, and the wake
+        it names taken back again for this one to carry; deleted, its reports stayed in
+        `cancelled/` for good."""
         cursor = _report_wake_cursor(parent_id, child_id)
         stored, last = self._last_report_wake((parent_id, child_id))
-        kept = None if last is None else joined_report_wakes(last[1], text)
-        if last is None or kept is None:
+        if stored is not None and last is not None and last.carrier is not None:
+            self._put_back_note(cursor, stored, last)
+            stored, last = self._last_report_wake((parent_id, child_id))
+        kept = None if last is None else joined_report_wakes(last.body, text)
+        if last is None or last.carrier is not None or kept is None:
             if stored:  # a row per pair ever seen was left behind; this wake writes its own
                 self._store.replace_cursor_if(cursor, stored, None)
             return None
-        note = json.dumps([last[0], last[1], carrier])
+        note = json.dumps([last.ident, last.body, carrier])
         if stored is None:  # alone on the state, remembered only: see `_last_report_wake`
             self._store.set_cursor(cursor, note)
         elif not self._store.replace_cursor_if(cursor, stored, note):
             return None
         try:
-            taken = writer.cancel(last[0])
+            taken = writer.cancel(last.ident)
         except InboxRefused:
             taken = False
         if not taken:
             self._store.replace_cursor_if(cursor, note, None)
             return None
-        return _TakenBack(last[0], last[1], kept, note)
+        return _TakenBack(last.ident, last.body, kept, note)
 
     def _read_report_rows(self) -> dict[str, str]:
         """Every report-wake row the store keeps (`_report_rows`)."""
@@ -1361,43 +1370,63 @@ class InboxDesk:
                 if self._store.replace_cursor_if(key, value, None):
                     _say_bad_report_row(key, value, row)
                 continue
-            parent_id, child_id, ident, body, carrier = row
-            if carrier is None or (parent is not None and parent_id != parent):
+            if row.carrier is None or (parent is not None and row.parent_id != parent):
                 continue  # the child's wake still queued: no take back noted
-            writer = self._writers.get(parent_id)
-            if writer is None:
-                continue
-            owed = self._wake_retries.get(parent_id)
-            if owed is not None and any(w.withdrawn == ident for w in owed.wakes.values()):
-                # Owed with its carrier, which carries it (a stop came before the note
-                # went): put back too, it reached the agent twice.
+            self._put_back_note(key, value, row)
+
+    def _put_back_note(self, key: str, value: str, row: _ReportRow) -> None:
+        """`_put_back_taken` for one note of a take back, `row`, read as `value` from the
+        report-wake row `key`."""
+        parent_id, child_id, ident, body, carrier = row
+        writer = self._writers.get(parent_id)
+        if writer is None or carrier is None:
+            return
+        if self._carried_by_owed(parent_id, ident):
+            # Owed with its carrier, which carries it (a stop came before the note
+            # went): put back too, it reached the agent twice.
+            self._store.replace_cursor_if(key, value, None)
+            return
+        try:
+            if writer.location(carrier) != "missing":
+                writer.discard_cancelled(ident)
                 self._store.replace_cursor_if(key, value, None)
-                continue
-            try:
-                if writer.location(carrier) != "missing":
-                    writer.discard_cancelled(ident)
-                    self._store.replace_cursor_if(key, value, None)
-                    continue
-                if not writer.restore(ident):
-                    # Not in `cancelled/`: nothing to do.
-                    self._store.replace_cursor_if(key, value, None)
-                    continue
-            except InboxRefused as error:
-                log.warning(
-                    "agent %s: the wake about %s taken back is left in its inbox's cancelled/: %s",
-                    parent_id,
-                    child_id,
-                    error,
-                )
-                continue
-            if self._store.replace_cursor_if(key, value, json.dumps([ident, body])):
-                self._report_wakes[(parent_id, child_id)] = (ident, body)
-            log.info(
-                "agent %s: the wake about %s taken back by a wake a stop kept from being"
-                " written is queued again",
+                return
+            if not writer.restore(ident):
+                # Not in `cancelled/`: nothing to do.
+                self._store.replace_cursor_if(key, value, None)
+                return
+        except InboxRefused as error:
+            log.warning(
+                "agent %s: the wake about %s taken back is left in its inbox's cancelled/: %s",
                 parent_id,
                 child_id,
+                error,
             )
+            return
+        if self._store.replace_cursor_if(key, value, json.dumps([ident, body])):
+            self._report_wakes[(parent_id, child_id)] = (ident, body)
+        log.info(
+            "agent %s: the wake about %s taken back by a wake a stop kept from being"
+            " written is queued again",
+            parent_id,
+            child_id,
+        )
+
+    def _carried_by_owed(self, parent_id: str, ident: str) -> bool:
+        """Whether a wake owed to `parent_id` carries the report wake `ident` taken back:
+        one owed here, or clustered one another instance owes (its row is written before
+        its note of the take back goes: `_write_wake`)."""
+        owed = self._wake_retries.get(parent_id)
+        if owed is not None and any(w.withdrawn == ident for w in owed.wakes.values()):
+            return True
+        if not self._shared:
+            return False
+        rows = self._store.get_cursors(self._store.cursor_keys(_owed_wakes_of(parent_id)))
+        for key, value in rows.items():
+            parsed = _stored_wake(key, value, self._writers)
+            if not isinstance(parsed, str) and parsed[2].withdrawn == ident:
+                return True
+        return False
 
     def _put_back_report_wake(
         self, writer: InboxWriter, parent_id: str, child_id: str, taken_back: _TakenBack
@@ -1425,10 +1454,11 @@ class InboxDesk:
         )
         return True
 
-    def _last_report_wake(self, key: tuple[str, str]) -> tuple[str | None, tuple[str, str] | None]:
-        """The store's row of (parent, child) as read, and the report wake still queued it
-        names (its id and text): None for a note of a take back, or a row this desk would
-        not have written (deleted, named once: `_say_bad_report_row`). Alone on the state,
+    def _last_report_wake(self, key: tuple[str, str]) -> tuple[str | None, _ReportRow | None]:
+        """The store's row of (parent, child) as read, and what it holds: the report wake
+        still queued, or a note of a take back (`_ReportRow.carrier`); None for a row this
+        desk would not have written (deleted, named once: `_say_bad_report_row`). Alone on
+        the state,
         the wake this desk last queued for the pair is taken from memory first: a state
         disk that fails holds the row's write back. Clustered, from the store alone: the
         memory is stale once another instance wrote the pair (it held the child's lease, or
@@ -1438,7 +1468,7 @@ class InboxDesk:
         cursor = _report_wake_cursor(*key)
         stored = self._store.get_cursor(cursor)
         if remembered is not None and not self._shared:
-            return stored, remembered
+            return stored, _ReportRow(*key, *remembered, None)
         if not stored:
             return stored, None
         row = _report_row(cursor, stored)
@@ -1446,7 +1476,7 @@ class InboxDesk:
             if self._store.replace_cursor_if(cursor, stored, None):
                 _say_bad_report_row(cursor, stored, row)
             return None, None
-        return stored, None if row.carrier is not None else (row.ident, row.body)
+        return stored, row
 
     def _forget_report_wake(self, key: tuple[str, str]) -> None:
         """Forget the report wake last queued for (parent, child), in memory and in the

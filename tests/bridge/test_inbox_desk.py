@@ -845,8 +845,9 @@ async def test_a_wake_owed_with_the_one_it_took_back_leaves_a_row_written_since(
     wake for the second takes that one back, and lead's inbox refuses both it and the
     first moved back, so the wake is owed carrying the two. As `old` writes that owed row,
     `new`, which gained worker's lease, writes worker's third report (the inbox works for
-    it): `old`'s note of the take back is the row it finds, so the third goes alone and
-    its wake becomes the row. `old` then deletes its note only while it is the row, so
+    it): it finds `old`'s note of the take back, whose wake the owed row in Redis carries
+    (put back, the first report would reach lead twice), deletes the note, and the third
+    goes alone, its wake the row. `old` then deletes its note only while it is the row, so
     `new`'s stays, and worker's fourth report, written by a third instance, joins that
     wake. Deleted without a compare, the row was gone and the fourth went alone. The
     third report is written inside `old`'s write of its owed row, the refusals made by
@@ -887,6 +888,33 @@ async def test_a_wake_owed_with_the_one_it_took_back_leaves_a_row_written_since(
     assert report_wake_texts(tmp_path / "lead" / "inbox") == [
         "worker reported 3\nworker reported 4"
     ]
+    await made.scheduler.stop()
+    for shared in stores:
+        shared.close()
+
+
+async def test_a_report_finding_a_take_back_a_stop_left_carries_the_wake_taken_back(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Two instances on a real Redis. `stopped` wakes lead for worker's first report and
+    stops as worker's second report takes that wake back (the note of the take back is in
+    the store, the wake in lead's `cancelled/`, its carrier never written). lead's lease
+    stays where it was; `new` gains worker's lease, and worker's third report puts the
+    first wake back and takes it again: lead has one wake with the first and third
+    reports, and nothing is left in `cancelled/`. The report deleted the note and went
+    alone, the first wake left in `cancelled/` for good."""
+    stores, made = await cluster_desks(tmp_path, redis_url, 2, "lead", "worker")
+    stopped, new = made.cluster(stores)
+    stopped.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    ident, text = json.loads(stores[0].get_cursor(row) or "null")
+    stores[0].set_cursor(row, json.dumps([ident, text, _wake_ident("worker:report:2")]))
+    inbox = tmp_path / "lead" / "inbox"
+    assert InboxWriter(made.workdirs["lead"]).cancel(ident)
+    new.take_agent("worker")
+    new.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+    assert report_wake_texts(inbox) == ["worker reported 1\nworker reported 3"]
+    assert list((inbox / "cancelled").iterdir()) == []
     await made.scheduler.stop()
     for shared in stores:
         shared.close()
