@@ -10,7 +10,8 @@ to `inbox/acks.jsonl`; a claimed message that never reached its reader goes back
 The file contract is in `contract.py` and docs/producer.md; nothing here follows a link.
 
 May import: the standard library, `producers.task_card.contract`,
-`producers.task_card.runtime` (only `mcp_tool`, for its type),
+`producers.task_card.runtime` and `producers.task_card.tool_failure` (only `mcp_tool`, for
+its type and the codes of its failures),
 `producers.task_card.workdir_arg` (how the command reads a workdir). Never `bridge` or
 `channels`.
 """

@@ -15,6 +15,14 @@ from typing import Any, Final
 
 from taskcard.producers.inbox.claim import InboxUnsafe, acknowledge, claim, peek, release
 from taskcard.producers.task_card.runtime import HostPaths
+from taskcard.producers.task_card.tool_failure import (
+    BAD_ARGUMENTS,
+    READ_FAILED,
+    UNUSABLE_FILE,
+    WORKDIR_GONE,
+    failed,
+)
+from taskcard.producers.task_card.workdir_arg import WorkdirError
 
 TOOL_NAME: Final = "inbox"
 VIA: Final = "mcp"
@@ -61,7 +69,7 @@ def call_inbox(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     """Claim (or peek at) the workdir's queued messages; a result dict, never an exception."""
     only_peek = arguments.get("peek", False)
     if not isinstance(only_peek, bool):
-        return {"status": "failed", "message": "peek: must be true or false"}
+        return failed(BAD_ARGUMENTS, "peek: must be true or false")
     try:
         if only_peek:
             batch = peek(paths.workdir)
@@ -69,10 +77,12 @@ def call_inbox(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
         else:
             batch = claim(paths.workdir, VIA, max_bytes=MAX_RESULT_BYTES)
             more = bool(peek(paths.workdir).messages)
-    except InboxUnsafe as exc:
-        return {"status": "failed", "message": str(exc)}
+    except InboxUnsafe as exc:  # a folder of the inbox that is a link or no folder
+        return failed(UNUSABLE_FILE, str(exc))
+    except WorkdirError as exc:  # the workdir inside a loop of links since the server began
+        return failed(WORKDIR_GONE, str(exc))
     except OSError as exc:
-        return {"status": "failed", "message": f"cannot read the inbox: {exc.strerror}"}
+        return failed(READ_FAILED, f"cannot read the inbox: {exc.strerror}")
     result: dict[str, Any] = {
         "status": "ok",
         "messages": [message.summary() for message in batch.messages],

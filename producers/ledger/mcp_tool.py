@@ -34,6 +34,7 @@ from taskcard.producers.ledger.store import (
 )
 from taskcard.producers.task_card.contract import quoted
 from taskcard.producers.task_card.runtime import HostPaths
+from taskcard.producers.task_card.tool_failure import BAD_ARGUMENTS, WRITE_FAILED, failed
 
 TOOL_NAME: Final = "ledger"
 COMMANDS: Final = (
@@ -354,7 +355,8 @@ def for_mcp(message: str) -> str:
 
 
 def _failed(message: str) -> dict[str, Any]:
-    return {"status": "failed", "message": message}
+    """A call refused for an argument (the message names the field)."""
+    return failed(BAD_ARGUMENTS, message)
 
 
 def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -375,14 +377,14 @@ def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     ledger = Ledger(paths.workdir / DEFAULT_LEDGER, inside=paths.workdir)
     try:
         return {"status": "ok", "command": command, **_run(ledger, paths, command, arguments)}
-    except LedgerError as exc:
-        return _failed(for_mcp(str(exc)))
+    except LedgerError as exc:  # its code: an argument, or the ledger's file
+        return failed(exc.code, for_mcp(str(exc)))
     except (TypeError, ValidationError):
         return _failed(f"a field of {command} has the wrong type; see the ledger tool's schema")
     except OSError as exc:
         # A file where the `ledger/` folder belongs, a folder the agent cannot write: it went
         # up to the SDK as a protocol error with a traceback, and the session lost the call.
-        return _failed(cannot_write(exc))
+        return failed(WRITE_FAILED, cannot_write(exc))
 
 
 def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -> dict[str, Any]:

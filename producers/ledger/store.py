@@ -67,6 +67,7 @@ from taskcard.producers.task_card.contract import (
     shows_text,
 )
 from taskcard.producers.task_card.contract import cannot_write as contract_cannot_write
+from taskcard.producers.task_card.tool_failure import READ_FAILED, UNUSABLE_FILE, Coded
 from taskcard.producers.task_card.workdir_arg import (
     WorkdirError,
     dangling_link,
@@ -80,8 +81,16 @@ MAX_LEDGER_BYTES: Final = 16_000_000
 Clock = Callable[[], datetime]
 
 
-class LedgerError(ValueError):
-    """Bad input or an unreadable ledger: the message names the field and the fix."""
+class LedgerError(Coded):
+    """Bad input or an unreadable ledger: the message names the field and the fix; `code`
+    says which (`tool_failure`: `bad_envelope`, or `unusable_file` for the ledger's file)."""
+
+
+class LedgerReadFailed(LedgerError):
+    """The system failed a read of the ledger's file (an I/O error, no access): not the
+    caller's input to mend, so the command line exits 1 for it, as for a failed write."""
+
+    code = READ_FAILED
 
 
 def cannot_write(exc: OSError) -> str:
@@ -194,7 +203,8 @@ def load_document(data: bytes, where: str) -> LedgerDocument:
         if document is None:
             raise LedgerError(
                 f"ledger {where} is not a valid ledger ({_first_error(exc)}); "
-                "fix it or move it aside and run `taskcard ledger init` again"
+                "fix it or move it aside and run `taskcard ledger init` again",
+                code=UNUSABLE_FILE,
             ) from None
         return document
 
@@ -330,7 +340,8 @@ class Ledger:
             raise LedgerError(
                 f"ledger {self.shown}: larger than {MAX_LEDGER_BYTES} bytes, the most a ledger"
                 " may hold; move it aside and start a new one (`taskcard ledger init`), or keep"
-                " long tasks in ledgers of their own (--ledger PATH)"
+                " long tasks in ledgers of their own (--ledger PATH)",
+                code=UNUSABLE_FILE,
             )
         return load_document(data, self.shown)
 
@@ -349,7 +360,8 @@ class Ledger:
             dangling = dangling_link(self.path)
             if dangling is not None:
                 raise LedgerError(
-                    f"ledger {self.shown} {dangling}; restore what it points to, or fix the link"
+                    f"ledger {self.shown} {dangling}; restore what it points to, or fix the link",
+                    code=UNUSABLE_FILE,
                 ) from None
             return None
         except OutsideWorkdir:
@@ -366,9 +378,11 @@ class Ledger:
         while the command line, which looks at its option first, named the file on the way."""
         problem = file_path_problem(self.path)
         if problem is not None:
-            return LedgerError(f"ledger {self.shown} {problem}")
+            return LedgerError(f"ledger {self.shown} {problem}", code=UNUSABLE_FILE)
         if isinstance(exc, NotRegularFile):  # its words say what is there and the fix
-            return LedgerError(f"ledger {self.shown}: cannot read it ({exc.strerror})")
+            return LedgerError(
+                f"ledger {self.shown}: cannot read it ({exc.strerror})", code=UNUSABLE_FILE
+            )
         name = errno.errorcode.get(exc.errno or 0)
         why = f"{exc.strerror}, {name}" if name else str(exc.strerror or exc)
         fix = (
@@ -377,7 +391,8 @@ class Ledger:
             else "nothing is wrong with the name: call again, and if it keeps failing, check"
             " the file system that holds it"
         )
-        return LedgerError(f"ledger {self.shown}: cannot read it ({why}); {fix}")
+        # The system's failure, not the caller's input: `LedgerReadFailed` (exit 1).
+        return LedgerReadFailed(f"ledger {self.shown}: cannot read it ({why}); {fix}")
 
     def task(self, task_id: str) -> TaskRecord:
         return self.require(self.read(), task_id)
@@ -387,7 +402,8 @@ class Ledger:
         document = self.read()
         if not document.tasks and document.broken:
             first = sorted(document.broken)[0]
-            raise LedgerError(f"task_id: {self.broken_problem(document, first)}")
+            problem = self.broken_problem(document, first)
+            raise LedgerError(f"task_id: {problem}", code=UNUSABLE_FILE)
         if not document.tasks:
             raise LedgerError(f"task_id: the ledger {self.shown} has no task; run `ledger init`")
         records = sorted(document.tasks.values(), key=lambda r: r.task.created_at)
@@ -418,7 +434,8 @@ class Ledger:
                 raise
             raise LedgerError(
                 f"ledger lock {shown_path(self.lock_path)}: a symlink or not a regular file;"
-                " only taskcard creates it, so remove it (it is made again)"
+                " only taskcard creates it, so remove it (it is made again)",
+                code=UNUSABLE_FILE,
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -448,7 +465,8 @@ class Ledger:
             f"ledger {self.shown}: leads out of the workdir {shown_path(self._inside)} through"
             f" a symlink (the {shown_path(self.path.parent.name)}/ folder or the file); nothing"
             " is read or written there, so make it a real folder and file inside the workdir"
-            " (remove the link)"
+            " (remove the link)",
+            code=UNUSABLE_FILE,
         )
 
     def broken_problem(self, document: LedgerDocument, task_id: str) -> str | None:
@@ -465,7 +483,7 @@ class Ledger:
     def require(self, document: LedgerDocument, task_id: str) -> TaskRecord:
         broken = self.broken_problem(document, task_id)
         if broken is not None:
-            raise LedgerError(f"task_id: {broken}")
+            raise LedgerError(f"task_id: {broken}", code=UNUSABLE_FILE)
         record = document.tasks.get(task_id)
         if record is None:
             known = ", ".join(sorted(document.tasks)) or "none"

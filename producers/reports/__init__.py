@@ -12,6 +12,7 @@ May import: the standard library, `producers.task_card.contract`, `producers.inb
 `producers.ledger.contract` (only `lineage`, for the folder a child may not sit in),
 `producers.task_card.runtime` (only `mcp_tool`, for its type),
 `producers.task_card.workdir_arg` (how a command or tool reads a workdir),
+`producers.task_card.tool_failure` (the codes of a failed tool call, which its errors carry),
 `producers.task_card.number_args` (how a command reads a number),
 `producers.task_card.stdin_json` (how a command reads what is piped to it, bounded and with a
 time limit). Never `bridge` or `channels`.

@@ -30,6 +30,7 @@ whatever its name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -41,15 +42,19 @@ from typing import Any, Final
 from taskcard.producers.reports.contract import CONTRACT_DIRS
 from taskcard.producers.reports.store import encodable
 from taskcard.producers.task_card.contract import (
+    LOOP_OF_LINKS,
+    NotRegularFile,
     atomic_write,
     iso_utc,
     json_kind,
+    link_loop,
     parse_iso,
     quoted,
     read_regular,
     shows_text,
     utc_now_iso,
 )
+from taskcard.producers.task_card.tool_failure import READ_FAILED, UNUSABLE_FILE, Coded
 from taskcard.producers.task_card.workdir_arg import (
     PATH_MAX,
     WorkdirError,
@@ -75,7 +80,7 @@ PROVIDER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/ -]{0,63}")
 _Identity = tuple[int, int]
 
 
-class LineageError(ValueError):
+class LineageError(Coded):
     """A spawn that cannot be recorded; the text names the field and the fix."""
 
 
@@ -96,10 +101,22 @@ def read_lineage(workdir: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise LineageError(f"{path}: cannot be read ({exc.strerror})") from None
+        if exc.errno == errno.ELOOP:
+            # The link round the loop, named in the words of every reader (`link_loop`):
+            # "cannot be read (Too many levels of symbolic links)" named none.
+            loop = link_loop(path, "cannot be read: ") or LOOP_OF_LINKS
+            raise LineageError(
+                f"{path} {loop}; fix the links",
+                code=UNUSABLE_FILE,
+            ) from None
+        # Something else than a regular file there is the file's own problem (its words say
+        # what and the fix); any other failure is the system's.
+        code = UNUSABLE_FILE if isinstance(exc, NotRegularFile) else READ_FAILED
+        raise LineageError(f"{path}: cannot be read ({exc.strerror})", code=code) from None
     if len(raw) > MAX_FILE_BYTES:
         raise LineageError(
-            f"{path}: over {MAX_FILE_BYTES} bytes, not a lineage record; fix or remove it"
+            f"{path}: over {MAX_FILE_BYTES} bytes, not a lineage record; fix or remove it",
+            code=UNUSABLE_FILE,
         )
     try:
         data = json.loads(raw)
@@ -114,7 +131,8 @@ def read_lineage(workdir: Path) -> dict[str, Any] | None:
     ):
         raise LineageError(
             f"{path}: not a lineage record with a depth of 1..{MAX_DEPTH_LIMIT}; "
-            "fix or remove it (then the agent counts as a root)"
+            "fix or remove it (then the agent counts as a root)",
+            code=UNUSABLE_FILE,
         )
     return data
 

@@ -35,6 +35,12 @@ from taskcard.producers.reports.store import (
 )
 from taskcard.producers.task_card.contract import cannot_write, json_kind, quoted
 from taskcard.producers.task_card.runtime import HostPaths
+from taskcard.producers.task_card.tool_failure import (
+    BAD_ARGUMENTS,
+    READ_FAILED,
+    WRITE_FAILED,
+    failed,
+)
 from taskcard.producers.task_card.workdir_arg import WorkdirError, expand_workdir
 
 REPORT_TOOL: Final = "report"
@@ -182,7 +188,8 @@ def result_schema() -> dict[str, Any]:
 
 
 def _failed(message: str) -> dict[str, Any]:
-    return {"status": "failed", "message": message}
+    """A call refused for an argument (the message names the field)."""
+    return failed(BAD_ARGUMENTS, message)
 
 
 def call_report(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -191,9 +198,9 @@ def call_report(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     try:
         record = Reports(paths.workdir, channel="mcp").add(**arguments)
     except ReportError as exc:
-        return _failed(str(exc))
+        return failed(exc.code, str(exc))
     except OSError as exc:
-        return _failed(write_problem(exc, paths.workdir))
+        return failed(WRITE_FAILED, write_problem(exc, paths.workdir))
     return {"status": "ok", **record}
 
 
@@ -222,10 +229,11 @@ def call_reports(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
         message = str(exc)
         if child is not None and message.startswith("workdir:"):
             message = "child_" + message
-        return _failed(message)
+        return failed(exc.code, message)
     except OSError as exc:
         where = "child_workdir" if child is not None else "reports"
-        return _failed(f"{where}: cannot read {quoted(str(workdir / 'reports'))} ({exc.strerror})")
+        problem = f"{where}: cannot read {quoted(str(workdir / 'reports'))} ({exc.strerror})"
+        return failed(READ_FAILED, problem)
     result: dict[str, Any] = {"status": "ok", "report": report}
     shown, more = reports.skipped_lines()
     if shown:  # as `taskcard reports` says them on stderr: a report there is lost
@@ -283,9 +291,10 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
         message = str(exc)
         if message.startswith("workdir:"):
             message = "child_" + message
-        return _failed(message)
+        return failed(exc.code, message)
     except OSError as exc:
         # Which lineage.json, and what to do: a folder in the way at the child's
         # lineage.json said only "cannot write lineage.json: Is a directory".
-        return _failed(f"child_workdir: {cannot_write(child_workdir / LINEAGE_FILE, exc)}")
+        problem = cannot_write(child_workdir / LINEAGE_FILE, exc)
+        return failed(WRITE_FAILED, f"child_workdir: {problem}")
     return {"status": "ok", **record}

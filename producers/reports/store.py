@@ -57,6 +57,7 @@ from taskcard.producers.task_card.contract import (
     shows_text,
     utc_now_iso,
 )
+from taskcard.producers.task_card.tool_failure import UNUSABLE_FILE, Coded
 from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path, not_a_directory
 
 REPORTS_DIR: Final = "reports"
@@ -83,7 +84,7 @@ SKIPPED_SHOWN: Final = 5
 Clock = Callable[[], str]
 
 
-class ReportError(ValueError):
+class ReportError(Coded):
     """A report or a read that cannot be done; the text names the field and the fix."""
 
 
@@ -397,13 +398,15 @@ class Reports:
                 mode = os.stat(self.dir).st_mode
             except OSError:
                 raise ReportError(
-                    f"{REPORTS_DIR}/: a symlink that leads nowhere; replace it with a folder"
+                    f"{REPORTS_DIR}/: a symlink that leads nowhere; replace it with a folder",
+                    code=UNUSABLE_FILE,
                 ) from None
         if not stat.S_ISDIR(mode):
             kind = "a regular file" if stat.S_ISREG(mode) else file_kind(mode)
             raise ReportError(
                 f"{REPORTS_DIR}/: {kind}, not a folder; move it aside (reports are kept in the"
-                f" folder {REPORTS_DIR}/, created by the first report)"
+                f" folder {REPORTS_DIR}/, created by the first report)",
+                code=UNUSABLE_FILE,
             )
 
     def _reports(self) -> Iterator[dict[str, Any]]:
@@ -479,18 +482,21 @@ class Reports:
             return ReportError(
                 f"{REPORTS_DIR}/{name}: leads out of the workdir (a symlink); nothing"
                 " outside it is read or written, so replace the link with a regular file inside"
-                " the workdir (or move it aside)"
+                " the workdir (or move it aside)",
+                code=UNUSABLE_FILE,
             )
         return ReportError(
             f"{REPORTS_DIR}/: leads out of the workdir (a symlink); nothing outside it is read"
-            " or written, so replace the link with a folder (or a file) inside the workdir"
+            " or written, so replace the link with a folder (or a file) inside the workdir",
+            code=UNUSABLE_FILE,
         )
 
     @staticmethod
     def _not_regular(mode: int) -> ReportError:
         return ReportError(
             f"{REPORTS_DIR}/{REPORTS_FILE}: {file_kind(mode)}, not a regular file; replace it"
-            " with a regular file (or move it aside)"
+            " with a regular file (or move it aside)",
+            code=UNUSABLE_FILE,
         )
 
     @contextlib.contextmanager

@@ -47,7 +47,14 @@ from taskcard.producers.inbox import mcp_tool as inbox_tool
 from taskcard.producers.ledger import mcp_tool as ledger_tool
 from taskcard.producers.reports import mcp_tool as reports_tool
 from taskcard.producers.task_card.client import HostUnavailable, call_failed, call_via_host
-from taskcard.producers.task_card.contract import CardPaths, quoted, shown_field, utf8_encodable
+from taskcard.producers.task_card.contract import (
+    CardPaths,
+    link_loop,
+    quoted,
+    shown_field,
+    shown_path,
+    utf8_encodable,
+)
 from taskcard.producers.task_card.envelope import ACTIONS, envelope_json_schema
 from taskcard.producers.task_card.mcp_answers import (
     AnswerWriter,
@@ -63,7 +70,16 @@ from taskcard.producers.task_card.mcp_wire import (
 )
 from taskcard.producers.task_card.meta import MetaProjector
 from taskcard.producers.task_card.number_args import whole_numbers
-from taskcard.producers.task_card.runtime import HostPaths, RuntimeDirUnsafe
+from taskcard.producers.task_card.runtime import CardFolderUnsafe, HostPaths, RuntimeDirUnsafe
+from taskcard.producers.task_card.tool_failure import (
+    BAD_ARGUMENTS,
+    HOST_UNAVAILABLE,
+    TOOL_CODES,
+    UNKNOWN_TOOL,
+    UNUSABLE_FILE,
+    WORKDIR_GONE,
+    failed,
+)
 from taskcard.producers.task_card.wakes import WakeReader
 
 SERVER_NAME: Final = "taskcard"
@@ -114,45 +130,45 @@ class McpTool:
     # `parse_envelope`, as for `taskcard tool` and the Python API), so the server leaves them
     # to it and a refusal reads the same on every way in.
     reads_own_numbers: bool = False
+    # True: the tool's failures carry codes of its own besides the shared ones (`task_card`:
+    # its watch's, which the manual lists); else only the shared codes (`TOOL_CODES`).
+    own_codes: bool = False
 
     def listing(self) -> types.Tool:
         return types.Tool(
             name=self.name,
             description=self.description,
             input_schema=self.input_schema,
-            output_schema=with_refusal_code(self.output_schema),
+            output_schema=with_failure_code(self.output_schema, own_codes=self.own_codes),
             annotations=self.annotations,
         )
 
 
-# The codes of the refusals this server makes itself, before any tool runs (`call_tool`).
-# Arguments the wire or the tool's schema refuse (a key given twice, a field the tool does not
-# name, a fraction where a whole number belongs, bytes that are not UTF-8, nesting too deep)
-# are the `bad_envelope` a `task_card` envelope refused by the host's schema gets: the same
-# kind of error, whichever way it was caught.
-BAD_ARGUMENTS: Final = "bad_envelope"
-UNKNOWN_TOOL: Final = "unknown_tool"
-WORKDIR_GONE: Final = "workdir_gone"
-REFUSAL_CODES: Final = (BAD_ARGUMENTS, UNKNOWN_TOOL, WORKDIR_GONE)
+# The refusals this server makes itself, before any tool runs (`call_tool`), carry the codes
+# every tool's failures share (`tool_failure`). Arguments the wire or the tool's schema
+# refuse (a key given twice, a field the tool does not name, a fraction where a whole number
+# belongs, bytes that are not UTF-8, nesting too deep) are the `bad_envelope` a `task_card`
+# envelope refused by the host's schema gets: the same kind of error, whichever way it was
+# caught.
 
 
-def with_refusal_code(schema: dict[str, Any]) -> dict[str, Any]:
-    """A tool's output schema naming `code`, which every refusal of this server carries."""
-    code = {
-        "type": "string",
-        "description": "What kind of failure, for a program: "
-        + ", ".join(REFUSAL_CODES)
-        + ", or one of the tool's own",
-    }
+def with_failure_code(schema: dict[str, Any], *, own_codes: bool = False) -> dict[str, Any]:
+    """A tool's output schema naming `code`, which every failed result carries: one of the
+    shared codes (an `enum` of them, `task_card`'s own aside), each said in its description."""
+    shared = [code for code in TOOL_CODES if own_codes or code != HOST_UNAVAILABLE]
+    said = "; ".join(f"{code}: {TOOL_CODES[code]}" for code in shared)
+    code: dict[str, Any] = {"type": "string", "description": f"What kind of failure: {said}"}
+    if own_codes:
+        code["description"] += "; or one of the tool's own (see its manual)"
+    else:
+        code["enum"] = shared
     properties = schema.get("properties", {})
-    if "code" in properties:
-        return schema
     return {**schema, "properties": {**properties, "code": code}}
 
 
 def refusal(code: str, message: str) -> dict[str, Any]:
     """The result of a call this server refuses itself: the shape of every failed result."""
-    return {"status": "failed", "code": code, "message": message}
+    return failed(code, message)
 
 
 def task_card_output_schema() -> dict[str, Any]:
@@ -182,8 +198,10 @@ def _call_task_card(
 ) -> dict[str, Any]:
     try:
         return call_via_host(paths, arguments, cancel=cancelled)
+    except CardFolderUnsafe as exc:  # `taskcard/` or `.taskcard-host/` leads out: no host
+        return failed(UNUSABLE_FILE, f"task card host unavailable: {exc}")
     except (HostUnavailable, RuntimeDirUnsafe, OSError, ValueError) as exc:
-        return {"status": "failed", "message": f"task card host unavailable: {exc}"}
+        return failed(HOST_UNAVAILABLE, f"task card host unavailable: {exc}")
 
 
 TASK_CARD_TOOL: Final = McpTool(
@@ -201,6 +219,7 @@ TASK_CARD_TOOL: Final = McpTool(
     call=_call_task_card,
     is_error=call_failed,
     reads_own_numbers=True,
+    own_codes=True,
 )
 
 
@@ -320,6 +339,15 @@ def unknown_field(tool: McpTool, arguments: dict[str, Any]) -> str | None:
 
 
 def workdir_gone(paths: HostPaths) -> str:
+    """Why the workdir cannot be used any more: removed, or (named in the words of every
+    reader, `contract.link_loop`) made a link round a loop of symbolic links."""
+    loop = link_loop(paths.workdir)
+    if loop is not None:
+        return (
+            f"workdir: {shown_path(paths.workdir)} {loop} (it became one while this server"
+            " ran); nothing was written; fix the links, or restart the server with an"
+            " existing --workdir"
+        )
     return (
         f"workdir: {paths.workdir} no longer exists (it was removed while this server ran);"
         " nothing was written and it is not created again; restart the server with an"
