@@ -29,7 +29,13 @@ from taskcard.producers.ledger.model import (
     derive,
 )
 from taskcard.producers.ledger.render import RENDERER_FILE, render_markdown, write_renderer
-from taskcard.producers.ledger.store import DEFAULT_LEDGER, Ledger, LedgerError, cannot_write
+from taskcard.producers.ledger.store import (
+    DEFAULT_LEDGER,
+    Ledger,
+    LedgerError,
+    LedgerReadFailed,
+    cannot_write,
+)
 from taskcard.producers.task_card.contract import (
     expand_home,
     file_kind,
@@ -315,6 +321,11 @@ def _guarded(handler: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             code: int = handler(args)
+        except LedgerReadFailed as exc:
+            # The system failed the read (an I/O error): a failure, as a failed write is
+            # (exit 1), not input to mend; it exited 2, the code of bad input.
+            print(f"taskcard ledger: {exc}", file=sys.stderr)
+            return EXIT_FAILED
         except LedgerError as exc:
             print(f"taskcard ledger: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT

@@ -49,6 +49,7 @@ from taskcard.producers.task_card.stdin_json import (
     drain_stdin,
     read_stdin_object,
 )
+from taskcard.producers.task_card.tool_failure import READ_FAILED
 from taskcard.producers.task_card.workdir_arg import (
     dangling_link,
     existing_workdir_arg,
@@ -253,7 +254,9 @@ def run_spawn(args: argparse.Namespace) -> int:
             max_depth=args.max_depth,
         )
     except LineageError as exc:
-        return _fail("spawn", str(exc))
+        # A lineage.json the system failed to read (EIO) is a failure, 1, as a failed write
+        # is; its other refusals are input to mend, 2 (docs: the exit codes table).
+        return _fail("spawn", str(exc), 1 if exc.code == READ_FAILED else 2)
     except OSError as exc:
         where = args.workdir / LINEAGE_FILE
         return _fail("spawn", cannot_write(where, exc), 1)

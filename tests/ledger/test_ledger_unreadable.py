@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,35 @@ async def test_the_mcp_ledger_tool_says_which_file_why_and_the_fix(
     content = result.structured_content
     assert result.is_error and isinstance(content, dict), result
     assert content["message"].startswith(f"ledger {path}{said}"), content
+    # The system's failure, or the file's own problem: told apart by the code.
+    assert content["code"] == ("read_failed" if kind == "EIO" else "unusable_file"), content
+
+
+def test_the_command_line_exits_1_for_an_io_error_and_2_for_the_files_own_problem(
+    workdir: Path,
+) -> None:
+    """An EIO is the system failing, not input to mend: exit 1, as a failed write is and as
+    the exit codes table says (it exited 2, the code of bad input). `/proc/self/mem` is a
+    regular file whose read at offset 0 fails with EIO in every process, no root needed."""
+    taskcard = (sys.executable, "-m", "taskcard.bridge.cli", "ledger")
+    where = ("--workdir", str(workdir))
+    for command in ("show", "render"):
+        done = subprocess.run(
+            [*taskcard, command, *where, "--ledger", "/proc/self/mem"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 1, done
+        assert done.stderr == f"taskcard ledger: ledger /proc/self/mem{EIO_WORDS}\n", done.stderr
+    # An EIO at the default ledger, from a `taskcard` whose `os.open` fails for its name.
+    done = subprocess.run(
+        [sys.executable, "-c", FAULTY_TASKCARD, "ledger", "show", *where],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done
+    assert done.stderr.endswith(f"{DEFAULT_LEDGER}{EIO_WORDS}\n"), done.stderr
+    said = _unreadable(workdir, "loop")  # the file's own problem: still exit 2
+    done = subprocess.run(
+        [*taskcard, "show", *where], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 2, done
+    assert said in done.stderr, done.stderr
