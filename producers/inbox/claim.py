@@ -49,8 +49,14 @@ from taskcard.producers.inbox.contract import (
     shared_group,
 )
 from taskcard.producers.inbox.holders import judge, record_bytes
-from taskcard.producers.task_card.contract import line_break_first, open_appending, utc_now_iso
-from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
+from taskcard.producers.task_card.contract import (
+    LOOP_OF_LINKS,
+    line_break_first,
+    link_loop,
+    open_appending,
+    utc_now_iso,
+)
+from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path, shown_path
 
 MAX_FILES: Final = 256  # read per call; the rest waits for the next one
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -97,6 +103,21 @@ def _open_dir(
     return None
 
 
+def _open_workdir(folder: Path) -> int:
+    """A descriptor of the workdir itself (links on its name followed, as for any workdir);
+    one inside a loop of symbolic links raises `WorkdirError` naming the link, in the words
+    every reader uses (`contract.link_loop`): it was the system's bare OSError."""
+    try:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        loop = link_loop(folder) or LOOP_OF_LINKS
+        raise WorkdirError(
+            f"workdir: {shown_path(folder)} {loop}; fix the links, or give the folder itself"
+        ) from None
+
+
 @contextlib.contextmanager
 def _inbox(
     workdir: Path, *, taken: bool
@@ -109,7 +130,7 @@ def _inbox(
         raise WorkdirError(f"workdir: {exc}") from None
     fds: list[int] = []
     try:
-        root = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        root = _open_workdir(folder)
         fds.append(root)
         inbox = _open_dir(INBOX_DIR, root, f"{INBOX_DIR}/", create=False)
         if inbox is None:
@@ -443,15 +464,16 @@ def acknowledge(
             finally:
                 if claims_fd is not None:
                     os.close(claims_fd)
-    except OSError as exc:  # the inbox itself is gone or became a link meanwhile
+    except (OSError, WorkdirError) as exc:  # the inbox or workdir is gone or a link meanwhile
         problems.extend(_unrecorded(ident, exc) for ident in wanted)
     return problems
 
 
-def _unrecorded(ident: str, exc: OSError) -> str:
+def _unrecorded(ident: str, exc: OSError | WorkdirError) -> str:
+    why = getattr(exc, "strerror", None) or exc
     return (
         f"inbox/{ACKS_FILE}: cannot record the delivery of {ident} "
-        f"({exc.strerror or exc}); the agent has it, but the chat will not show it delivered"
+        f"({why}); the agent has it, but the chat will not show it delivered"
     )
 
 
@@ -490,8 +512,10 @@ def release(workdir: Path, ids: Iterable[str]) -> list[str]:
                         problems.append(stuck(ident, exc.strerror or str(exc)))
                         continue
                     _forget(claims_fd, ident)
-    except OSError as exc:
-        problems.extend(stuck(ident, exc.strerror or str(exc)) for ident in wanted)
+    except (OSError, WorkdirError) as exc:  # the workdir inside a loop of links meanwhile
+        problems.extend(
+            stuck(ident, getattr(exc, "strerror", None) or str(exc)) for ident in wanted
+        )
     return problems
 
 

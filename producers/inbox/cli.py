@@ -22,7 +22,7 @@ from taskcard.producers.inbox.claim import Batch, Claim, InboxUnsafe, claiming, 
 from taskcard.producers.inbox.contract import frame
 from taskcard.producers.inbox.output import PATIENCE_S, Output
 from taskcard.producers.task_card.contract import counted, terminal_json
-from taskcard.producers.task_card.workdir_arg import existing_workdir_arg
+from taskcard.producers.task_card.workdir_arg import WorkdirError, existing_workdir_arg
 
 VIA: Final = "inbox-cli"
 EXIT_BROKEN_OUTPUT: Final = 141  # as a shell reports a command SIGPIPE ended
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             with claiming(workdir, VIA) as claim:
                 code = _deliver(args, claim, stop)
             stop.check()  # noted during the release: the messages are back, now it ends
-    except InboxUnsafe as exc:
+    except (InboxUnsafe, WorkdirError) as exc:  # a folder to fix, or a workdir in a loop
         print(f"taskcard inbox: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
