@@ -41,6 +41,7 @@ from taskcard.producers.task_card.client import (
 from taskcard.producers.task_card.contract import one_line, terminal_json
 from taskcard.producers.task_card.envelope import (
     MAX_ENVELOPE_BYTES,
+    READ_ONLY_ACTIONS,
     EnvelopeError,
     check_values,
     decode_envelope,
@@ -83,9 +84,10 @@ DEFAULT_LEDGER_CHECK_S: Final = 30.0
 CLI_REASONING: Final = "requested from the taskcard command line"
 
 
-def _host_paths(args: argparse.Namespace) -> HostPaths:
-    """Raises `RuntimeDirUnsafe` for a runtime folder no host can use (`chosen_host_paths`)."""
-    return chosen_host_paths(args.runtime_dir, os.environ, args.workdir)
+def _host_paths(args: argparse.Namespace, host: bool = True) -> HostPaths:
+    """Raises `RuntimeDirUnsafe` for a runtime folder no host can use (`chosen_host_paths`);
+    `host=False` for a call no host answers, which leaves the folder's place unchecked."""
+    return chosen_host_paths(args.runtime_dir, os.environ, args.workdir, host=host)
 
 
 def _emit(result: dict[str, Any], as_json: bool = True) -> int:
@@ -186,7 +188,10 @@ def _refuse(message: str, as_json: bool = True, **extra: str) -> int:
 def _call(args: argparse.Namespace, envelope: Any) -> dict[str, Any] | int:
     """The host's result, or the exit code when it could not be obtained."""
     try:
-        return call_via_host(_host_paths(args), envelope, args.idle_grace_s)
+        # `manual` and `settings` use no host (`call_via_host` answers them itself): the
+        # runtime folder's place among the default workdir's files is no concern of theirs.
+        host = not (isinstance(envelope, dict) and envelope.get("action") in READ_ONLY_ACTIONS)
+        return call_via_host(_host_paths(args, host), envelope, args.idle_grace_s)
     except RuntimeDirUnsafe as exc:
         _say(args, str(exc))
         return EXIT_USAGE

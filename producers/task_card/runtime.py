@@ -195,6 +195,7 @@ def chosen_host_paths(
     workdir: Path,
     *,
     option_name: str = "--runtime-dir",
+    host: bool = True,
 ) -> HostPaths:
     """The host paths for `--runtime-dir` (None when not given), else the environment's folder.
     `option_name` is how the caller's user gave the folder: the Python API's `runtime_dir`
@@ -208,7 +209,10 @@ def chosen_host_paths(
     checked: a workdir of `/tmp` or `/` holds them, and the host's folder there is a
     system folder, not one an agent keeps its work in. Nor is a workdir of `/` or of the
     home folder (`_holds_system_folders`): every folder is inside the one, and the user's
-    own (`~/.cache`) inside the other.
+    own (`~/.cache`) inside the other. `host=False`: for a call that neither starts nor asks a
+    host (`manual`, `settings`: `READ_ONLY_ACTIONS`), which puts nothing in the folder, so
+    where it lies is not checked; they were refused from a folder holding the runtime folder
+    (the home folder's `rt/`, say), a `taskcard card manual` that could run nowhere there.
     """
     if option is not None:
         source: str | None = option_name
@@ -223,7 +227,7 @@ def chosen_host_paths(
         source = RUNTIME_DIR_ENV if environ.get(RUNTIME_DIR_ENV) else None
         runtime = default_runtime_dir(environ)
     paths = HostPaths(runtime, workdir, chosen=source is not None)
-    if source is not None:
+    if source is not None and host:
         inside = Path(os.path.realpath(paths.runtime_dir))
         home = workdir.resolve()
         if _holds_system_folders(home, environ):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -179,3 +181,35 @@ async def test_settings_through_a_card_folder_linked_out_of_the_workdir_are_refu
     assert isinstance(result.structured_content, dict)
     assert refusal in result.structured_content["message"], result.structured_content
     no_host(cli, runtime_dir)
+
+
+@pytest.mark.parametrize("action", ["manual", "settings"])
+def test_manual_and_settings_work_from_a_folder_holding_the_runtime_folder(
+    runtime_dir: Path, action: str
+) -> None:
+    """`taskcard card manual` and `card settings` use no host, so a runtime folder inside the
+    default workdir `.` (a shell in the home folder with `TASKCARD_RUNTIME_DIR=~/rt`) is no
+    concern of theirs: they were refused with exit 2 "is inside the workdir", as a call that
+    puts its host's lock and socket there is (and still is)."""
+    here = runtime_dir  # short: the folder the command runs in, the default workdir
+    env = {**os.environ, "TASKCARD_RUNTIME_DIR": str(here / "rt")}
+    before = snapshot(here)
+    for command in (["card", action], ["tool", json.dumps(envelope_of(action))]):
+        done = subprocess.run(
+            [sys.executable, "-m", "taskcard.bridge.cli", *command],
+            cwd=here, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == "", done.stderr
+    assert snapshot(here) == before  # no runtime folder made, nothing written
+    inspect = ["card", "inspect", "w1"]  # a call a host answers: still refused, naming it
+    done = subprocess.run(
+        [sys.executable, "-m", "taskcard.bridge.cli", *inspect],
+        cwd=here, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    assert "TASKCARD_RUNTIME_DIR" in done.stderr and "is inside the workdir" in done.stderr
+
+
+def envelope_of(action: str) -> dict[str, Any]:
+    return {"action": action, "input": {}, "reasoning": "look"}
