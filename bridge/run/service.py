@@ -323,6 +323,37 @@ def cards_where(command: IncomingCommand, routes: list[Route]) -> str:
     return "here"
 
 
+# At most this many topics are named by an answer from a topic that no route follows.
+NAMED_TOPICS = 8
+
+
+def no_cards_here(command: IncomingCommand, routes: list[Route]) -> str:
+    """The answer to a command from the part of a Telegram forum chat that no route follows
+    (a topic with no route of its own, or the General topic) while `routes`, the chat's
+    other routes, follow topics of it: the chat is one the service serves, so the command is
+    answered rather than ignored as one from a chat it does not know. It names the topics
+    that have cards, by thread id (the service is not told a topic's name), and the route
+    that would give this part of the chat cards of its own."""
+    topics = sorted({r.key.chat.thread_id or "" for r in routes} - {""}, key=lambda t: (len(t), t))
+    named = [f"topic {topic}" for topic in topics[:NAMED_TOPICS]]
+    if len(topics) > NAMED_TOPICS:
+        named.append(counted(len(topics) - NAMED_TOPICS, "other topic", "other topics"))
+    places = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+    chat, thread = command.chat.chat_id, command.chat.thread_id
+    if thread is None:
+        return (
+            f"No task cards in this chat's General topic: this chat's are in {places} (by"
+            f" thread id). For cards here, whoever runs the task card service adds a route"
+            f" for chat {chat} without a thread_id (it also serves every topic without a"
+            " route of its own)."
+        )
+    return (
+        f"No task cards in this topic: this chat's are in {places} (by thread id). For cards"
+        f" here, whoever runs the task card service adds a route for chat {chat} with"
+        f" thread_id = {thread}."
+    )
+
+
 def _sender(command: IncomingCommand) -> str | None:
     """Who gave `command`, for what is told per sender (an answer replacing only the same
     sender's unsent one, a refusal said once in a while): its writer (`IncomingCommand
@@ -2700,7 +2731,10 @@ class Service:
         )
         routes = self._routes_in(channel_name, command.chat)
         if not routes:
-            log.info("ignoring /taskcard from an unrouted chat %s:%s", channel_name, command.chat)
+            if not self._no_route_here(channel_name, command):
+                log.info(
+                    "ignoring /taskcard from an unrouted chat %s:%s", channel_name, command.chat
+                )
             return
         replying = command.command != "reply" and bool(command.reply_to)
         ours = not replying or self._ours(routes, command)
@@ -2807,6 +2841,33 @@ class Service:
         # Every answer but the state's (which quotes the agents' reports) is the service's own.
         outgoing = self._render_text(channel, reply, own=parsed.action != "state")
         self._answer(channel_name, reply_chat, outgoing, command)
+
+    def _no_route_here(self, channel_name: str, command: IncomingCommand) -> bool:
+        """Answer a command from a forum topic (or the General topic) that no route follows
+        in a chat whose other topics have routes (`no_cards_here`); False when the chat has
+        no route at all, which stays unanswered. A command that replies to another message,
+        and a reply, are not the service's to answer. Its sender must be one the chat's
+        routes let command them (else refused, as in a routed chat), and is told once in
+        `REFUSAL_QUIET_S` per topic, like the other hints, so that repeating it does not
+        spend the chat's send budget on answers."""
+        chat_routes = [
+            r
+            for r in self._routes
+            if r.key.channel == channel_name and r.key.chat.chat_id == command.chat.chat_id
+        ]
+        if not chat_routes:
+            return False
+        if command.command not in ("taskcard", "tell") or command.reply_to:
+            return True
+        if not any(may_command(r, command) for r in chat_routes):
+            self._refuse(channel_name, command)
+            return True
+        if not command.reply or self._told_lately(self._hinted, channel_name, command):
+            return True
+        text = no_cards_here(command, chat_routes)
+        outgoing = self._render_text(self._channels[channel_name], text, own=True)
+        self._answer(channel_name, command.chat, outgoing, command)
+        return True
 
     def _answer(
         self, channel_name: str, chat: ChatRef, outgoing: Outgoing, command: IncomingCommand

@@ -590,6 +590,60 @@ async def test_a_command_from_a_forum_topic_is_answered_in_that_topic(
         assert await serve.aterminate() == 0
 
 
+async def test_a_command_from_a_topic_no_route_follows_says_where_the_cards_are(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # Every route of the forum chat is a topic's (7 and 12). A command from topic 42, or from
+    # the General topic, was ignored without a word, as in a chat the service does not
+    # serve. It is answered in place: no cards here, they are in topics 7 and 12, and the
+    # route that gives this topic cards. Once per person and topic in a while, like the
+    # other hints; a chat with no route at all stays silent.
+    stranger = -1005555555555
+    serve = setup(tmp_path, fake, ["builder", "tester"], [])
+    config = tmp_path / "taskcard.toml"
+    for thread, agent in ((12, "tester"), (7, "builder")):
+        topic = (
+            f'[[telegram.routes]]\nchat_id = {GROUP}\nthread_id = {thread}\nagents = ["{agent}"]\n'
+        )
+        config.write_text(config.read_text() + topic)
+
+    def answers(thread: int | None) -> list[str]:
+        return [
+            m.text
+            for m in fake.bot_messages(GROUP)
+            if m.thread_id == thread and m.text.startswith("No task cards")
+        ]
+
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "body")
+        publish(agent_dir(tmp_path, "tester"), "checks")
+        await eventually(lambda: len(shown(fake, GROUP)) == 2, what="both topics' cards")
+        fake.inject_command(stranger, "/taskcard")
+        fake.inject_command(GROUP, "/taskcard off", thread_id=42)
+        [answer] = await eventually(lambda: answers(42), what="the answer in topic 42")
+        assert answer == (
+            "No task cards in this topic: this chat's are in topic 7 and topic 12 (by thread"
+            " id). For cards here, whoever runs the task card service adds a route for chat"
+            f" {GROUP} with thread_id = 42."
+        )
+        fake.inject_command(GROUP, "/tell builder hello")
+        [general] = await eventually(lambda: answers(None), what="the answer in General")
+        assert general.startswith("No task cards in this chat's General topic: this chat's")
+        assert "without a thread_id" in general
+        # Asked again in the same topic: not answered again, while the next command is.
+        fake.inject_command(GROUP, "/taskcard", thread_id=42)
+        fake.inject_command(GROUP, "/taskcard", thread_id=7)
+        await eventually(
+            lambda: any(m.text.startswith("Task cards here") for m in fake.bot_messages(GROUP, 7)),
+            what="the routed topic's answer",
+        )
+        assert len(answers(42)) == 1
+        assert not any("hidden" in t for t in fake.every_text(GROUP))
+        assert fake.bot_messages(stranger) == [] and fake.count("sendMessage", stranger) == 0
+        assert "ignoring /taskcard from an unrouted chat telegram:" in serve.logs
+        assert await serve.aterminate() == 0
+
+
 async def test_a_routed_channel_is_commanded_by_its_posts(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
