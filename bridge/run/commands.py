@@ -47,10 +47,20 @@ class TaskcardCommand:
     agent: str | None = None
 
 
-def _folded(word: str) -> str:
-    """`word` as a person means it: in its compatibility form (full-width `ＯＦＦ` is `off`),
-    case folded, without the invisible characters pasted with it (`without_ignorable`)."""
-    return unicodedata.normalize("NFKC", without_ignorable(word)).casefold()
+def folded(text: str) -> str:
+    """`text` as a person means it, the one rule for every option word of `/taskcard` (the
+    subcommand, `orchestrator`'s `off`) and its numbers: in its compatibility form (NFKC: a
+    phone keyboard's full-width `ＯＦＦ` is `off`, `５` is `5`, as agents' names are read),
+    case folded, without the invisible characters pasted with it (`without_ignorable`).
+    A digit of another script (Arabic-Indic `٣`) has no compatibility form: it stays
+    itself, and is answered as an ASCII mistake is (`suggestion`, `rows_out_of_range`)."""
+    return unicodedata.normalize("NFKC", without_ignorable(text)).casefold()
+
+
+def _words(args: str) -> list[tuple[str, str]]:
+    """The words of `args`, each as typed and `folded`; a word that folds to nothing (an
+    invisible character alone) is none."""
+    return [(word, read) for word in args.split() if (read := folded(word))]
 
 
 def parse_taskcard(args: str) -> TaskcardCommand:
@@ -60,16 +70,17 @@ def parse_taskcard(args: str) -> TaskcardCommand:
     [AGENT|off]`: the chat's orchestrator (`off`: none; the agent's name keeps its case); `help`
     (or `?`): what may be typed; anything else is unknown (case and surrounding space
     ignored)."""
-    words = args.split()
-    if words and words[0].lower() == ORCHESTRATOR_WORD and len(words) <= 2:
+    words = _words(args)
+    if words and words[0][1] == ORCHESTRATOR_WORD and len(words) <= 2:
         if len(words) == 1:
             return TaskcardCommand("orchestrator")
-        named = words[1]
+        named, read = words[1]
         return TaskcardCommand(
-            "orchestrator",
-            agent=ORCHESTRATOR_OFF if _folded(named) == ORCHESTRATOR_OFF else named,
+            "orchestrator", agent=ORCHESTRATOR_OFF if read == ORCHESTRATOR_OFF else named
         )
-    word = args.strip().lower()
+    if len(words) > 1:
+        return TaskcardCommand("unknown")
+    word = words[0][1] if words else ""
     if word in ("", "status", "state"):
         return TaskcardCommand("state")
     if word == "off":
@@ -88,6 +99,13 @@ def parse_taskcard(args: str) -> TaskcardCommand:
 
 
 _SIGNED_NUMBER: Final = re.compile(r"[+-]?[0-9]+")
+
+
+def _in_ascii_digits(word: str) -> str:
+    """`word` (`folded`) with each decimal digit of another script (Arabic-Indic `٣`,
+    Devanagari `३`) written as the ASCII one it stands for: only to say what a number
+    meant (`suggestion`, `rows_out_of_range`), never to take it as typed."""
+    return "".join(str(unicodedata.decimal(c)) if c.isdecimal() else c for c in word)
 
 
 def _row_count(word: str) -> int | None:
@@ -120,7 +138,7 @@ def suggestion(args: str) -> str | None:
     (`/taskcard off`), or None when nothing is close. Only ever one of the options, never the
     typed text: "of" and "offf" mean off, "borad" board, "off please" off, a full-width
     "ｏｆｆ" or "５" off and 5; "on off" names two and is left to the help."""
-    words = unicodedata.normalize("NFKC", args).lower().split()
+    words = [_in_ascii_digits(read) for _, read in _words(args)]
     if not words:
         return None
     known = [word for word in words if parse_taskcard(word).action != "unknown"]
@@ -149,7 +167,7 @@ def rows_out_of_range(args: str) -> bool:
     """Whether an unknown `/taskcard ARGS` is a whole number outside 1 to 10 (`0`, `11`,
     `-3`, a full-width `１２`): a count of activity rows the chat cannot have, answered with
     the range rather than as an unknown option."""
-    word = unicodedata.normalize("NFKC", args).strip()
+    word = _in_ascii_digits(folded(args).strip())
     if not _SIGNED_NUMBER.fullmatch(word):
         return False
     rows = _row_count(word)

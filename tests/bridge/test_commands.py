@@ -66,6 +66,18 @@ from taskcard.channels.base import (
         ("on off", TaskcardCommand("unknown")),
         ('<at user_id="all">', TaskcardCommand("unknown")),
         ("٣", TaskcardCommand("unknown")),  # a digit, but not an ASCII one
+        # Compatibility forms (NFKC) are the word, for every option as for orchestrator's
+        # `off`: `/taskcard ＯＦＦ` was answered "Did you mean /taskcard off?".
+        ("\uff2f\uff26\uff26", TaskcardCommand("off")),
+        ("\uff42\uff4f\uff41\uff52\uff44", TaskcardCommand("board")),
+        ("\uff15", TaskcardCommand("rows", 5)),  # a full-width digit
+        ("off\u200b", TaskcardCommand("off")),  # an invisible character pasted with it
+        (
+            "\uff4f\uff52\uff43\uff48\uff45\uff53\uff54\uff52\uff41\uff54\uff4f\uff52",
+            TaskcardCommand("orchestrator"),
+        ),
+        ("orchestrator \uff2f\uff26\uff26", TaskcardCommand("orchestrator", agent="off")),
+        ("orchestrator \uff42uilder", TaskcardCommand("orchestrator", agent="\uff42uilder")),
     ],
 )
 def test_parse_taskcard(args: str, expected: TaskcardCommand) -> None:
@@ -80,8 +92,10 @@ def test_parse_taskcard(args: str, expected: TaskcardCommand) -> None:
         ("cancle", "/taskcard cancel"),
         ("hlep", "/taskcard help"),
         ("off please", "/taskcard off"),
-        ("\uff4f\uff46\uff46", "/taskcard off"),  # full-width letters
-        ("\uff17", "/taskcard 7"),  # a full-width digit
+        ("\uff4f\uff46\uff46 please", "/taskcard off"),  # full-width letters, then more
+        ("\u0667", "/taskcard 7"),  # an Arabic-Indic digit: not taken, but meant
+        ("+\u0665", "/taskcard 5"),
+        ("\u0969", "/taskcard 3"),  # a Devanagari one
         ("on off", None),  # two options: the help says which is which
         ("xyzzy", None),
         ("11", None),
@@ -117,6 +131,9 @@ def test_the_options_without_their_mentions(args: str, left: str | None) -> None
         ("11", True),
         ("-3", True),
         ("\uff11\uff12", True),  # a full-width 12
+        ("\u0661\u0662", True),  # an Arabic-Indic 12, as an ASCII one
+        ("\u0660", True),
+        ("\u0665", False),  # in range: suggested as /taskcard 5
         ("99999999999999999999999", True),
         ("+5", False),  # in range, written another way: suggested as /taskcard 5
         ("005", False),

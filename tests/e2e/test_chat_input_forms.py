@@ -437,15 +437,15 @@ async def test_a_misspelt_option_is_answered_with_the_one_it_likely_meant(
     platform: str,  # noqa: F811 (the imported fixture)
     tmp_path: Path,
 ) -> None:
-    # "/taskcard borad", "/taskcard off please" and a full-width "/taskcard ｏｆｆ" were
+    # "/taskcard borad", "/taskcard off please" and an Arabic-Indic "/taskcard ٥" were
     # answered with the whole help alone; the answer now names the option they likely
-    # meant (never quoting what was typed), and does nothing.
+    # meant (never quoting what was typed), and does nothing. (A full-width word is the
+    # word itself: test_a_full_width_option_is_the_option.)
     async with running_card(platform, tmp_path) as chat:
         for typed, meant in (
             ("borad", "board"),
             ("off please", "off"),
-            ("\uff4f\uff46\uff46", "off"),
-            ("\uff15", "5"),
+            ("\u0665", "5"),  # an Arabic-Indic digit, read as a mistyped 5
         ):
             await chat.say(f"/taskcard {typed}")
             await wait_said(chat, f"Did you mean /taskcard {meant}?", f"{meant} suggested")
@@ -455,6 +455,25 @@ async def test_a_misspelt_option_is_answered_with_the_one_it_likely_meant(
         await chat.say("/taskcard")
         await wait_said(chat, "shown, 3 activity rows.", "the state: nothing done")
         assert not any("now shows one task board" in t for t in chat.bot_texts())
+
+
+async def test_a_full_width_option_is_the_option(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # A phone's CJK keyboard types full-width letters and digits. `/taskcard ＯＦＦ` was
+    # answered "Did you mean /taskcard off?" while `/taskcard orchestrator ＯＦＦ` was taken;
+    # every option word is now read in its compatibility form (NFKC), as agents' names are.
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/taskcard \uff2f\uff26\uff26")
+        await wait_said(chat, "Task cards hidden here.", "the cards hidden")
+        await chat.say("/taskcard \uff4f\uff4e")
+        await wait_said(chat, "Task cards shown here.", "the cards shown again")
+        await chat.say("/taskcard \uff15")
+        await wait_said(chat, "now show 5 activity rows", "five rows")
+        await chat.say("/taskcard \uff22\uff2f\uff21\uff32\uff24")
+        await wait_said(chat, "now shows one task board", "the board")
+        assert not any("Did you mean" in t or "Unknown option" in t for t in chat.bot_texts())
 
 
 async def test_a_row_count_out_of_range_is_answered_with_the_range(
@@ -467,7 +486,8 @@ async def test_a_row_count_out_of_range_is_answered_with_the_range(
     # 4,300 digits (Python's limit for `int`) got no answer at all, a traceback in the log.
     huge = "9" * 5000
     async with running_card(platform, tmp_path) as chat:
-        for typed in ("0", "11", "-3", "99999999999999999999999", "\uff11\uff12", huge, f"-{huge}"):
+        typed_forms = ("0", "11", "-3", "99999999999999999999999", "\uff11\uff12", "\u0661\u0662")
+        for typed in (*typed_forms, huge, f"-{huge}"):
             before = len(chat.bot_texts())
             await chat.say(f"/taskcard {typed}")
             await eventually(
