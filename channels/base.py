@@ -497,6 +497,21 @@ def without_ignorable(name: str) -> str:
     return _IGNORABLE.sub("", name)
 
 
+# The words `/taskcard` takes as its option (`bridge.run.commands` reads them; a Feishu
+# app's CJK name typed with one glued after it addresses the command, `typed_name_of`).
+TASKCARD_WORDS: Final = (
+    "status",
+    "state",
+    "off",
+    "on",
+    "cancel",
+    "board",
+    "cards",
+    "orchestrator",
+    "help",
+)
+
+
 def first_word(text: str) -> tuple[str, str]:
     """The first word of `text` as it shows, and the text after it (starting at the white
     space that ended it); ("", "") when `text` shows no word. White space of any kind ends a

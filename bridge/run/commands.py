@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from taskcard.bridge.store.sqlite import ChatPrefs
-from taskcard.channels.base import without_ignorable
+from taskcard.channels.base import TASKCARD_WORDS, without_ignorable
 
 MIN_ROWS: Final = 1
 MAX_ROWS: Final = 10
@@ -120,17 +120,9 @@ def _row_count(word: str) -> int | None:
     return -value if word.startswith("-") else value
 
 
-# The option words a misspelt one is compared with (the numbers are said by the help).
-_OPTION_WORDS: Final = (
-    "status",
-    "off",
-    "on",
-    "cancel",
-    "board",
-    "cards",
-    ORCHESTRATOR_WORD,
-    "help",
-)
+# The option words a misspelt one is compared with (the numbers are said by the help; "state"
+# is "status" said another way).
+_OPTION_WORDS: Final = tuple(word for word in TASKCARD_WORDS if word != "state")
 
 
 def suggestion(args: str) -> str | None:

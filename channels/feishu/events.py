@@ -36,6 +36,7 @@ import logging
 import math
 import re
 import time
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from typing import Any
 from lark_oapi.core.utils.decryptor import AESCipher
 
 from taskcard.channels.base import (
+    TASKCARD_WORDS,
     ChatRef,
     CommandName,
     CursorStore,
@@ -260,11 +262,20 @@ def typed_name_of(bot_name: str | None) -> str | None:
     picking the mention from the list: then Feishu lists no mention and the text keeps the
     name as typed. Any case, its words apart by any white space (`@task  card` for "Task
     Card"), and not the start of a longer word (`@Task Cards` names another app). None
-    without a name."""
+    without a name.
+
+    A name ending in a CJK character (`任务卡片`) is also read with an option of `/taskcard`
+    glued after it (`/taskcard@任务卡片off`, `TASKCARD_WORDS`): Chinese and Japanese text
+    has no spaces, so a person types none there. Only an option, a whole word: a longer
+    name (`任务卡片助手`, `任务卡片Pro`) is still another app's."""
     words = shown(bot_name or "").split()
     if not words:
         return None
-    return "(?i:@" + "\\s+".join(re.escape(word) for word in words) + ")(?!\\w)"
+    name = "(?i:@" + "\\s+".join(re.escape(word) for word in words) + ")"
+    if unicodedata.east_asian_width(words[-1][-1]) not in ("W", "F"):
+        return name + "(?!\\w)"
+    options = "|".join(sorted(TASKCARD_WORDS, key=len, reverse=True))
+    return name + f"(?:(?!\\w)|(?=(?i:{options})(?!\\w)))"
 
 
 def addressing_pattern(keys: tuple[str, ...], bot_name: str | None) -> re.Pattern[str] | None:

@@ -29,6 +29,7 @@ from taskcard.bridge.run.service import Service
 from taskcard.bridge.schedule.scheduler import RouteKey
 from taskcard.bridge.store.sqlite import ChatPrefs, SqliteStore
 from taskcard.channels.base import (
+    TASKCARD_WORDS,
     CardView,
     Channel,
     ChatRef,
@@ -82,6 +83,11 @@ from taskcard.channels.base import (
 )
 def test_parse_taskcard(args: str, expected: TaskcardCommand) -> None:
     assert parse_taskcard(args) == expected
+
+
+def test_every_option_word_the_channels_know_is_an_option() -> None:
+    # A Feishu app's CJK name is read with one of these glued after it (`TASKCARD_WORDS`).
+    assert all(parse_taskcard(word).action != "unknown" for word in TASKCARD_WORDS)
 
 
 @pytest.mark.parametrize(

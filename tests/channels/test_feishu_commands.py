@@ -114,6 +114,29 @@ def test_an_app_name_with_a_space_is_typed_as_it_shows(text: str, expected: str 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
+        # Chinese text has no spaces: the app's name with an option glued after it.
+        ("/taskcard@任务卡片off", "off"),
+        ("/taskcard@任务卡片OFF", "OFF"),
+        ("/taskcard@任务卡片help now", "help now"),
+        ("@任务卡片/taskcard 3", "3"),
+        ("/taskcard@任务卡片 off", "off"),
+        # Another app's longer name, or ours glued to a word that is no option: not ours.
+        ("/taskcard@任务卡片助手 off", None),
+        ("/taskcard@任务卡片Pro off", None),
+        ("/taskcard@任务卡片offline", None),
+        ("/taskcard@任务卡片on助手", None),
+        ("/taskcard@任务卡片3", None),  # "任务卡片3" may be another app's name
+        ("/tell@任务卡片builder hi", None),  # an agent's name is no option
+    ],
+)
+def test_a_cjk_app_name_reads_an_option_glued_after_it(text: str, expected: str | None) -> None:
+    command = "/tell" if "/tell" in text else "/taskcard"
+    assert command_args(text, (), command, bot_name="任务卡片") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
         ("@_user_1 /taskcard off @_user_2", "off"),  # the bot mentioned twice
         ("@_user_1 /taskcard @_user_2 off", "off"),
         ("@_user_1 @_user_2 /taskcard 3", "3"),
@@ -249,6 +272,22 @@ def test_a_reply_without_a_mention(text: str, expected: tuple[str, str] | None) 
 def test_the_app_name_typed_in_a_group(text: str, expected: tuple[str, str] | None) -> None:
     # Typed, not picked: Feishu lists no mention, and the name is text.
     found = command_from_event(event(text, mentions=[]), BOT, "Task Card")
+    assert (None if found is None else (found.command, found.args)) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/taskcard@任务卡片off", ("taskcard", "off")),
+        ("@任务卡片/taskcard 3", ("taskcard", "3")),
+        ("/taskcard@任务卡片助手off", None),
+        ("/taskcard@任务卡片助手 off", None),
+        ("@任务卡片助手/taskcard off", None),
+        ("@任务卡片off", None),  # no command
+    ],
+)
+def test_a_cjk_app_name_typed_in_a_group(text: str, expected: tuple[str, str] | None) -> None:
+    found = command_from_event(event(text, mentions=[]), BOT, "任务卡片")
     assert (None if found is None else (found.command, found.args)) == expected
 
 

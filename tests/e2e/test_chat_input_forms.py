@@ -148,6 +148,30 @@ async def test_a_feishu_app_whose_name_has_a_space_is_addressed_by_name(tmp_path
             assert await chat.serve.aterminate() == 0
 
 
+async def test_a_feishu_app_with_a_cjk_name_is_addressed_with_the_option_glued(
+    tmp_path: Path,
+) -> None:
+    # Chinese text has no spaces: `/taskcard@任务卡片off`, the app's name typed with the
+    # option glued after it, went unanswered (read as a command to an app named
+    # "任务卡片off"). It is ours when what follows the name is an option; a longer name
+    # that starts with ours (`任务卡片助手`, `任务卡片Pro`) is still another app's.
+    async with chat_for("feishu", tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, FeishuChat)
+        chat.fake.app_name = "任务卡片"
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say("/taskcard@任务卡片助手off", mention=False)
+            await chat.say("@任务卡片Pro /taskcard 5", mention=False)
+            await chat.say("/taskcard@任务卡片off", mention=False)
+            await wait_said(chat, "Task cards hidden here", "the answer to the glued option")
+            await chat.say("@任务卡片/taskcard on", mention=False)
+            await wait_said(chat, "Task cards shown here", "the answer to the glued command")
+            said = chat.bot_texts()
+            assert not any("5 activity rows" in t or "Unknown" in t for t in said), said
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_the_app_name_typed_addresses_a_command_as_its_picked_mention(
     platform: str,  # noqa: F811 (the imported fixture)
     tmp_path: Path,
