@@ -21,7 +21,9 @@ runs: the SDK would keep only the last value (`mcp_wire.py` reads each line firs
 
 The server writes its own stdout (`mcp_answers.py`): an answer that hands something over
 (the `inbox` tool's claimed messages) is settled once the client has read it, or put back
-when it could not be.
+when it could not be. When stdin ends, the calls still running finish and write their own
+answers before the server stops (`InFlight`); the SDK cancelled them and answered each one
+"Connection closed", a report already written among them.
 """
 
 from __future__ import annotations
@@ -575,9 +577,12 @@ async def serve_stdio(paths: HostPaths) -> None:
                     read_stream,
                     write_stream,
                 ):
-                    answering = AnswerMalformed(read_stream, write_stream, long)
+                    in_flight = InFlight()
+                    answering = AnswerMalformed(read_stream, write_stream, long, in_flight)
                     await server.run(
-                        answering, write_stream, server.create_initialization_options()
+                        answering,
+                        Answers(write_stream, in_flight),
+                        server.create_initialization_options(),
                     )
         finally:
             if deliveries is not None:  # answers never written: what they held goes back
@@ -663,18 +668,98 @@ def _error(decoded: object, code: int, message: str) -> types.JSONRPCError:
     )
 
 
+# How long the end of stdin waits for the calls still running (see `InFlight`): far longer
+# than any tool takes, short enough that a call stuck for good does not keep the server.
+DRAIN_SECONDS: Final = 300.0
+
+
+class InFlight:
+    """The requests read and not yet answered, so the end of stdin can wait for them.
+
+    When stdin ends, the SDK's server cancels every call still running and answers each
+    -32000 "Connection closed", even one whose tool had already written (a `report`
+    recorded, answered as failed). A client that writes its calls and then closes its end of
+    the pipe still reads stdout. So the read stream ends only once every request read has
+    been answered (or cancelled by the client, which is never answered), within
+    `DRAIN_SECONDS`: each running call writes its real answer, then the server stops."""
+
+    def __init__(self) -> None:
+        self._ids: set[tuple[str, object]] = set()
+        self._changed = anyio.Event()
+
+    @staticmethod
+    def _key(ident: object) -> tuple[str, object]:
+        return (type(ident).__name__, ident)  # 1 and "1" are two requests
+
+    def read(self, message: object) -> None:
+        if isinstance(message, types.JSONRPCRequest):
+            self._ids.add(self._key(message.id))
+        elif (
+            isinstance(message, types.JSONRPCNotification)
+            and message.method == "notifications/cancelled"
+            and isinstance(message.params, dict)
+        ):
+            self._done(message.params.get("requestId"))
+
+    def answered(self, message: object) -> None:
+        if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+            self._done(message.id)
+
+    def _done(self, ident: object) -> None:
+        self._ids.discard(self._key(ident))
+        self._changed.set()
+
+    async def drained(self) -> None:
+        """Returns once no request read is still unanswered, or after `DRAIN_SECONDS`."""
+        with anyio.move_on_after(DRAIN_SECONDS):
+            while self._ids:
+                self._changed = anyio.Event()
+                await self._changed.wait()
+
+
+class Answers:
+    """The SDK's write stream, telling `in_flight` of each answer it carries."""
+
+    def __init__(self, inner: Any, in_flight: InFlight) -> None:
+        self._inner = inner
+        self._in_flight = in_flight
+
+    async def send(self, item: SessionMessage) -> None:
+        try:
+            await self._inner.send(item)
+        finally:  # written or not, it will not be answered again
+            self._in_flight.answered(item.message)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Answers:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
 class AnswerMalformed:
     """The SDK's read stream, with each line it could not read answered instead of dropped.
 
     The SDK's stdio transport hands the server an exception for such a line, and the server
     drops it without a word: a client whose request went that way waited for ever. This
     wrapper answers it on the write stream (see `malformed_answer`) and goes on reading; the
-    stand-in for a line over the limit (`long`) is answered with the limit."""
+    stand-in for a line over the limit (`long`) is answered with the limit. Its end comes once the
+    calls still running have been answered (`in_flight`)."""
 
-    def __init__(self, inner: Any, out: Any, long: LongLines | None = None) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        out: Any,
+        long: LongLines | None = None,
+        in_flight: InFlight | None = None,
+    ) -> None:
         self._inner = inner
         self._out = out
         self._long = long or LongLines()
+        self._in_flight = in_flight
 
     @property
     def last_context(self) -> Any:
@@ -682,8 +767,15 @@ class AnswerMalformed:
 
     async def receive(self) -> Any:
         while True:
-            item = await self._inner.receive()
+            try:
+                item = await self._inner.receive()
+            except anyio.EndOfStream:
+                if self._in_flight is not None:
+                    await self._in_flight.drained()
+                raise
             if not isinstance(item, Exception):
+                if self._in_flight is not None:
+                    self._in_flight.read(item.message)
                 return item
             answer = _answer_for(item, self._long)
             if answer is not None:
