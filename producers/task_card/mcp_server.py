@@ -65,6 +65,7 @@ from taskcard.producers.task_card.mcp_answers import (
     settled_on_signals,
 )
 from taskcard.producers.task_card.mcp_wire import (
+    BadIds,
     CheckedLines,
     LongLines,
     RepeatedKeys,
@@ -578,7 +579,9 @@ async def serve_stdio(paths: HostPaths) -> None:
                     write_stream,
                 ):
                     in_flight = InFlight()
-                    answering = AnswerMalformed(read_stream, write_stream, long, in_flight)
+                    answering = AnswerMalformed(
+                        read_stream, write_stream, long, repeated.ids, in_flight
+                    )
                     await server.run(
                         answering,
                         Answers(write_stream, in_flight),
@@ -746,7 +749,8 @@ class AnswerMalformed:
     The SDK's stdio transport hands the server an exception for such a line, and the server
     drops it without a word: a client whose request went that way waited for ever. This
     wrapper answers it on the write stream (see `malformed_answer`) and goes on reading; the
-    stand-in for a line over the limit (`long`) is answered with the limit. Its end comes once the
+    stand-in for a line over the limit (`long`) is answered with the limit, and that for a
+    request whose id is not one (`ids`) with what is wrong with it. Its end comes once the
     calls still running have been answered (`in_flight`)."""
 
     def __init__(
@@ -754,11 +758,13 @@ class AnswerMalformed:
         inner: Any,
         out: Any,
         long: LongLines | None = None,
+        ids: BadIds | None = None,
         in_flight: InFlight | None = None,
     ) -> None:
         self._inner = inner
         self._out = out
         self._long = long or LongLines()
+        self._ids = ids or BadIds()
         self._in_flight = in_flight
 
     @property
@@ -777,7 +783,7 @@ class AnswerMalformed:
                 if self._in_flight is not None:
                     self._in_flight.read(item.message)
                 return item
-            answer = _answer_for(item, self._long)
+            answer = _answer_for(item, self._long, self._ids)
             if answer is not None:
                 await self._out.send(SessionMessage(answer))
 
@@ -800,12 +806,14 @@ class AnswerMalformed:
         await self.aclose()
 
 
-def _answer_for(error: Exception, long: LongLines) -> types.JSONRPCError | None:
+def _answer_for(
+    error: Exception, long: LongLines, ids: BadIds | None = None
+) -> types.JSONRPCError | None:
     """The answer to the line behind `error`. A validation error of the SDK's reader carries
     the line: as the input of a JSON error, else as the input of an error about the whole
     object (a field missing from it, or not an object at all); its first complaint about
     the request's own fields says what is wrong. The stand-in for a line over the limit is
-    such an object (`long`)."""
+    such an object (`long`), as is that for a request whose id is not one (`ids`)."""
     if not isinstance(error, ValidationError):
         return None  # not about a line: nothing to answer
     details = error.errors()
@@ -818,6 +826,9 @@ def _answer_for(error: Exception, long: LongLines) -> types.JSONRPCError | None:
         return malformed_answer(None)
     if whole and long.marks(whole[0]):
         return _error(whole[0], types.INVALID_REQUEST, long.message)
+    bad_id = ids.marks(whole[0]) if whole and ids is not None else None
+    if bad_id is not None:
+        return _error(None, types.INVALID_REQUEST, bad_id)
     if details[0]["type"] == "json_invalid" or not whole:
         line = details[0].get("input")
         if isinstance(line, str) and not line.strip():

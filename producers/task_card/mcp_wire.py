@@ -23,7 +23,14 @@ Bytes that are not UTF-8 are kept apart the same way: stdin is decoded with
 refused like a repeat, naming the field whose text (or key) holds it. The SDK's reader
 replaced such bytes with U+FFFD, so a summary sent as Latin-1 was stored with the wrong
 characters and answered as a success. Every other line reaches the SDK with such bytes
-replaced, as before.
+replaced, as before. Half a surrogate pair escaped in the JSON (`"\\ud800"`, an emoji cut in
+two) is refused the same way in a tools/call, naming the field or key: the SDK's reader
+refused the whole line as a parse error, naming nothing.
+
+A request whose `id` is not text or a whole number (`1.5`, `true`, a list, an object, null)
+reaches the SDK as a stand-in it refuses (`BadIds`), which `mcp_server` answers as an invalid
+request saying what the id is: the SDK read such a line as a notification, and never answered
+it (a tools/call among them ran, or not, without a word).
 
 A line is read as bytes, at most `MAX_LINE_BYTES` of them: the SDK's reader kept a line
 until its newline, so a client that wrote megabytes without one grew the server without
@@ -135,8 +142,17 @@ def _undecodable(text: str) -> bool:
     return False
 
 
+# A surrogate that no undecodable byte stands for: half a surrogate pair, escaped in the JSON.
+_HALF_PAIR = re.compile(r"[\ud800-\udc7f\udd00-\udfff]")
+# The escape of a surrogate in a line's JSON, either half: only a line with one can hold a
+# half without its other half once decoded.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def _replaced(text: str) -> str:
-    """`text` with each byte that is not UTF-8 made U+FFFD, as the SDK's own reader does."""
+    """`text` with each byte that is not UTF-8 made U+FFFD, as the SDK's own reader does (and
+    each half of a surrogate pair, which the SDK's reader refuses, made U+FFFD too)."""
+    text = _HALF_PAIR.sub("\ufffd", text)
     return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
@@ -183,11 +199,59 @@ def _too_deep(root: object, stand_in: str) -> str:
     )
 
 
+def _id_kind(ident: object) -> str:
+    if ident is None:
+        return "not allowed (MCP takes no null id)"
+    if isinstance(ident, bool):
+        return "true or false"
+    if isinstance(ident, float):
+        return "a number with a fraction or exponent"
+    return "a list" if isinstance(ident, list) else "an object"
+
+
+@dataclass(frozen=True)
+class BadIds:
+    """Stands in for a request whose `id` is not text or a whole number (`1.5`, `true`, `[1]`,
+    an object, null). The SDK's reader took such a line for a notification (its models drop
+    the id they cannot hold), so a ping or even a tools/call was run, or not, and never
+    answered. The stand-in is an object the SDK refuses (it has no method) carrying `marker`,
+    a key no client can know, whose value `mcp_server` answers as an invalid request with a
+    null id, as JSON-RPC asks when the id cannot be read."""
+
+    marker: str = field(default_factory=lambda: f"taskcard.bad-id.{secrets.token_hex(16)}")
+
+    @staticmethod
+    def problem(message: object) -> str | None:
+        """What is wrong with the id of `message` (decoded), or None when it is a request
+        with a good id, a notification (no id at all), or not a request."""
+        if not isinstance(message, dict) or "method" not in message or "id" not in message:
+            return None
+        ident = message["id"]
+        if isinstance(ident, str) or (isinstance(ident, int) and not isinstance(ident, bool)):
+            return None
+        shown = _replaced(json.dumps(ident, ensure_ascii=False))
+        shown = shown if len(shown) <= 40 else f"{shown[:37]}..."
+        return (
+            f"Invalid Request: id {shown} is {_id_kind(ident)}, so the request was not run;"
+            " a request's id is text or a whole number (a notification has no id at all)"
+        )
+
+    def stand_in(self, problem: str) -> str:
+        return json.dumps({"jsonrpc": "2.0", self.marker: problem}) + "\n"
+
+    def marks(self, decoded: object) -> str | None:
+        """The answer to `decoded` (what the SDK refused) when it is a stand-in of these."""
+        value = decoded.get(self.marker) if isinstance(decoded, dict) else None
+        return value if isinstance(value, str) else None
+
+
 @dataclass(frozen=True)
 class RepeatedKeys:
     """Refuses a tools/call whose JSON names a key twice (see the module docstring)."""
 
     marker: str = field(default_factory=_marker)
+    # The check of every request's id, whose stand-ins the server answers.
+    ids: BadIds = field(default_factory=BadIds)
     # What a part nested too deep is read as: a text no client can know.
     deep: str = field(default_factory=lambda: f"taskcard.nested-too-deep.{secrets.token_hex(16)}")
 
@@ -209,6 +273,9 @@ class RepeatedKeys:
             message = json.loads(text if flat is None else flat, object_pairs_hook=build)
         except (ValueError, RecursionError):
             return as_read  # the SDK's reader refuses it too, and it is answered as such
+        bad_id = self.ids.problem(message)
+        if bad_id is not None:
+            return self.ids.stand_in(bad_id)
         if not isinstance(message, dict) or message.get("method") != TOOLS_CALL:
             if flat is not None:  # the SDK reads it with the deep parts cut: under its id
                 return _replaced(flat) if undecodable else flat
@@ -223,6 +290,14 @@ class RepeatedKeys:
                 " send UTF-8 text"
                 if where is not None
                 else None
+            )
+        elif _SURROGATE_ESCAPE.search(text) and (where := _undecodable_field(message)):
+            # Only an escape in the JSON (`"\ud800"`) puts a surrogate in text read from UTF-8:
+            # half of a pair, which the SDK's reader refuses as a parse error of the whole line.
+            refusal = (
+                f"{where}: holds half a surrogate pair (an escape such as \\ud800 without its"
+                " other half, as when an emoji is cut in two), so nothing was done; send both"
+                " halves, or leave the character out"
             )
         else:
             refusal = _locate(message, repeats) if repeats else None

@@ -400,10 +400,9 @@ def test_every_line_a_client_gets_wrong_is_answered_and_the_server_goes_on(
         tool_call(4, "3"),
         # An id too long to read: answered with a null id, never with another request's.
         f'{{"jsonrpc":"2.0","id":{huge},"method":"tools/list"}}',
-        # Half of a surrogate pair, as a cut emoji is escaped: the SDK cannot read the line.
-        tool_call(
-            6, r'{"name":"task_card","arguments":{"action":"inspect","input":{"n":"\ud83d"}}}'
-        ),
+        # Half of a surrogate pair, as a cut emoji is escaped: the SDK cannot read the line (in
+        # a tool's arguments it is a refusal naming the field: test_mcp_wire_requests).
+        '{"jsonrpc":"2.0","id":6,"method":"tools/list","params":{"_meta":{"n":"\\ud83d"}}}',
         '{"jsonrpc":"2.0","id":5,"method":"tools/list"}',
     ]
     with cli.raw_mcp() as (server, answers):

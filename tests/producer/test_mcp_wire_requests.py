@@ -1,0 +1,91 @@
+"""Requests the MCP server's wire took wrongly, driven as raw JSON-RPC lines on its stdin (the
+SDK's client cannot send them: it gives good ids and sends only whole surrogate pairs).
+
+- A request whose id is not text or a whole number (1.5, true, [1], an object, null) got no
+  answer at all: the SDK read it as a notification, so a ping was never answered and a
+  tools/call neither run nor answered.
+- Half a surrogate pair escaped in a tools/call's arguments was a parse error of the whole
+  line, where bytes that are not UTF-8 in the same place were refused naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import INITIALIZE
+
+from .conftest import CliHost, tool_call
+
+INITIALIZED = '{"jsonrpc":"2.0","method":"notifications/initialized"}'
+
+
+def _answers(cli: CliHost, lines: list[str]) -> list[dict[str, Any]]:
+    """Every answer of a server given `lines`, its stdin closed after the last one."""
+    done = cli.run("mcp", stdin="".join(line + "\n" for line in lines))
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def _reports(workdir: Path) -> list[str]:
+    written = workdir / "reports" / "reports.jsonl"
+    if not written.exists():
+        return []
+    return [json.loads(line)["summary"] for line in written.read_text().splitlines()]
+
+
+def test_a_request_whose_id_is_not_one_is_answered_as_invalid_and_not_run(
+    workdir: Path, cli: CliHost
+) -> None:
+    report = '{"name":"report","arguments":{"ok":true,"summary":"bad id"}}'
+    bad = {
+        '1.5': "a number with a fraction or exponent",
+        'true': "true or false",
+        '[1]': "a list",
+        '{"a":1}': "an object",
+        'null': "not allowed",
+    }  # fmt: skip
+    lines = [json.dumps(INITIALIZE), INITIALIZED]
+    lines += [f'{{"jsonrpc":"2.0","id":{ident},"method":"ping"}}' for ident in bad]
+    calls = ["1.5", "null"]
+    lines += [
+        f'{{"jsonrpc":"2.0","id":{ident},"method":"tools/call","params":{report}}}'
+        for ident in calls
+    ]
+    lines.append('{"jsonrpc":"2.0","id":9,"method":"ping"}')
+    answers = _answers(cli, lines)
+    assert answers[0]["id"] == 1 and "result" in answers[0]
+    assert answers[-1] == {"jsonrpc": "2.0", "id": 9, "result": {}}
+    refused = answers[1:-1]
+    expected = [*bad.items(), *((ident, bad[ident]) for ident in calls)]
+    assert len(refused) == len(expected), answers
+    for answer, (ident, kind) in zip(refused, expected, strict=True):
+        assert answer["id"] is None, answer
+        assert answer["error"]["code"] == -32600, answer
+        message = answer["error"]["message"]
+        assert message.startswith(f"Invalid Request: id {json.dumps(json.loads(ident))} is {kind}")
+        assert "a request's id is text or a whole number" in message, message
+    assert _reports(workdir) == []  # neither tools/call ran
+
+
+def test_half_a_surrogate_pair_in_a_tool_call_is_refused_naming_the_field(
+    workdir: Path, cli: CliHost
+) -> None:
+    lines = [
+        json.dumps(INITIALIZE),
+        INITIALIZED,
+        tool_call(2, r'{"name":"report","arguments":{"ok":true,"summary":"cut \ud83d"}}'),
+        tool_call(3, r'{"name":"report","arguments":{"ok":true,"r\udc00le":"x"}}'),
+        tool_call(4, r'{"name":"report","arguments":{"ok":true,"summary":"whole \ud83d\ude00"}}'),
+    ]
+    by_id = {answer["id"]: answer for answer in _answers(cli, lines)}
+    for ident, field in {2: "summary", 3: "r\ufffdle"}.items():
+        result = by_id[ident]["result"]
+        assert result["isError"] is True, result
+        content = result["structuredContent"]
+        assert content["code"] == "bad_envelope", content
+        assert content["message"].startswith(f"{field}: holds half a surrogate pair"), content
+        assert "send both halves" in content["message"], content
+    assert by_id[4]["result"]["isError"] is False, by_id[4]
+    assert _reports(workdir) == ["whole \U0001f600"]
