@@ -543,10 +543,24 @@ def invalid_params_message(method: str, error: ValidationError) -> str:
     return f"Invalid params: {what}{shape}"
 
 
+# The SDK's words for a request before `initialize`, the only error it answers so bare.
+_SDK_BARE_REFUSAL: Final = "Invalid request parameters"
+
+
+def not_initialized_message(method: str) -> str:
+    return (
+        f"Invalid params: {method} before initialize; the session is not initialized: send"
+        " initialize first, and after its answer notifications/initialized, then this request"
+        " (only ping is answered before)"
+    )
+
+
 async def name_invalid_params(ctx: ServerRequestContext[Any], call_next: Any) -> Any:
     """The SDK's answer to params its models refuse, with the field named: a tools/call
     whose `arguments` was an array, or without a `name`, was answered "Invalid request
-    parameters" and nothing else."""
+    parameters" and nothing else. So was a tools/list or tools/call before `initialize`: the
+    MCP spec gives no code for it, so the SDK's -32602 stays and its message says what to
+    send first."""
     try:
         return await call_next(ctx)
     except ValidationError as exc:
@@ -554,6 +568,13 @@ async def name_invalid_params(ctx: ServerRequestContext[Any], call_next: Any) ->
             raise  # a notification gets no answer
         raise MCPError(
             code=types.INVALID_PARAMS, message=invalid_params_message(ctx.method, exc), data=""
+        ) from None
+    except MCPError as exc:
+        bare = exc.error.code == types.INVALID_PARAMS and exc.error.message == _SDK_BARE_REFUSAL
+        if not bare or ctx.session.client_params is not None:
+            raise
+        raise MCPError(
+            code=types.INVALID_PARAMS, message=not_initialized_message(ctx.method), data=""
         ) from None
 
 

@@ -1,11 +1,14 @@
 """Requests the MCP server's wire took wrongly, driven as raw JSON-RPC lines on its stdin (the
-SDK's client cannot send them: it gives good ids and sends only whole surrogate pairs).
+SDK's client cannot send them: it always initializes first, gives good ids and sends only
+whole surrogate pairs).
 
 - A request whose id is not text or a whole number (1.5, true, [1], an object, null) got no
   answer at all: the SDK read it as a notification, so a ping was never answered and a
   tools/call neither run nor answered.
 - Half a surrogate pair escaped in a tools/call's arguments was a parse error of the whole
   line, where bytes that are not UTF-8 in the same place were refused naming the field.
+- A tools/list or tools/call before initialize was answered "Invalid request parameters",
+  naming nothing.
 """
 
 from __future__ import annotations
@@ -89,3 +92,21 @@ def test_half_a_surrogate_pair_in_a_tool_call_is_refused_naming_the_field(
         assert "send both halves" in content["message"], content
     assert by_id[4]["result"]["isError"] is False, by_id[4]
     assert _reports(workdir) == ["whole \U0001f600"]
+
+
+def test_tools_before_initialize_are_answered_naming_what_to_send_first(
+    workdir: Path, cli: CliHost
+) -> None:
+    lines = [
+        '{"jsonrpc":"2.0","id":1,"method":"tools/list"}',
+        tool_call(2, '{"name":"report","arguments":{"ok":true,"summary":"early"}}'),
+        '{"jsonrpc":"2.0","id":3,"method":"ping"}',
+    ]
+    by_id = {answer["id"]: answer for answer in _answers(cli, lines)}
+    for ident, method in {1: "tools/list", 2: "tools/call"}.items():
+        error = by_id[ident]["error"]
+        assert error["code"] == -32602, error  # the SDK's code: the MCP spec names none
+        assert error["message"].startswith(f"Invalid params: {method} before initialize"), error
+        assert "send initialize first" in error["message"], error
+    assert by_id[3]["result"] == {}
+    assert _reports(workdir) == []
