@@ -542,17 +542,6 @@ def first_word_as_typed(text: str) -> tuple[str, str]:
     return "", ""
 
 
-def trim_unshown(text: str) -> str:
-    """`text` without white space and invisible characters at either end; those inside stay
-    (a zero-width joiner inside an emoji sequence is part of what the text shows)."""
-    start, end = 0, len(text)
-    while start < end and (text[start].isspace() or _UNSHOWN.match(text[start])):
-        start += 1
-    while end > start and (text[end - 1].isspace() or _UNSHOWN.match(text[end - 1])):
-        end -= 1
-    return text[start:end]
-
-
 # How many leading matches `drop_leading` takes out at most: the bot named a few times
 # over ("@ThisBot @ThisBot /tell ..."); each is read from a copy of the text after it.
 LEADING_DROPS = 16
@@ -682,9 +671,11 @@ def typed_form(words: str) -> str | None:
 
 def command_arguments(rest: str, tell: bool, bot: re.Pattern[str] | None = None) -> str:
     """The arguments of a command read from `rest` (what followed the command word): for
-    `/tell`, the agent's name as it shows, a space and the text for the agent (its line
-    breaks and inner characters kept, only its ends trimmed); otherwise the words as they
-    show, joined by single spaces.
+    `/tell`, the agent's name as it shows, a space and the text for the agent as typed (its
+    line breaks and invisible characters kept, a directional mark or a flag's tag characters
+    at its ends too; only white space trimmed at its ends), none when it shows nothing (a
+    zero-width space a client pasted after the name); otherwise the words as they show,
+    joined by single spaces.
 
     `bot` matches the bot's mention (once or more, glued): glued to the end of the agent's
     name it goes, as the name is the bot's agent (`builder@ThisBot`, which a Telegram
@@ -697,8 +688,8 @@ def command_arguments(rest: str, tell: bool, bot: re.Pattern[str] | None = None)
     at = name.find("@")
     if bot is not None and at > 0 and bot.fullmatch(name, at) is not None:
         name = name[:at]
-    body = trim_unshown(text)
-    if not name or not body:
+    body = text.strip()
+    if not name or not shown(body).strip():
         return name
     # The white space that ended the name stays as typed: "builder\nstop now".
     gap = "".join(char for char in text[: text.index(body)] if char.isspace()) or " "

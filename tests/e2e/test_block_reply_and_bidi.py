@@ -78,3 +78,26 @@ async def test_direction_characters_a_person_sends_reach_the_agent_as_code_point
         assert read.returncode == 0, read.stderr
         assert "> rename <U+202E>gnp.exe<U+202C> now" in read.stdout
         assert not set(read.stdout) & {"\u202e", "\u2067", "\u200f", "\u061c", "\u200e"}
+
+
+async def test_invisible_characters_at_the_ends_of_a_tell_reach_the_agent(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    """A `/tell` text starting with an isolate and ending with a direction mark, and one
+    ending in a flag of tag characters (Scotland's: a black flag and the tags that make it
+    Scotland's), reach the agent with those ends, the direction characters as code points.
+    The ends were trimmed of every invisible character: the isolate and the mark were gone
+    and the flag was a bare black flag. A text that is nothing but invisible characters is
+    still nothing to send."""
+    scotland = "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f"
+    async with running_card(platform, tmp_path) as chat:
+        await chat.say("/tell builder \u200b\u00a0")
+        await wait_said(chat, "Nothing to send", "the answer to an invisible text")
+        await chat.say("/tell builder \u2067rtl\u2069 first\u200e ")
+        await chat.say(f"/tell builder\u00a0go {scotland}\n")
+        await eventually(lambda: len(queued(tmp_path)) == 2, timeout_s=60, what="both texts queued")
+        assert queued_texts(tmp_path) == [
+            "<U+2067>rtl<U+2069> first<U+200E>",
+            f"go {scotland}",
+        ]
