@@ -54,9 +54,16 @@ from taskcard.producers.task_card.contract import (
     line_break_first,
     link_loop,
     open_appending,
+    quoted,
     utc_now_iso,
 )
-from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path, shown_path
+from taskcard.producers.task_card.workdir_arg import (
+    WORKDIR_FIX,
+    WorkdirError,
+    given_path,
+    not_a_directory,
+    shown_path,
+)
 
 MAX_FILES: Final = 256  # read per call; the rest waits for the next one
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -106,9 +113,15 @@ def _open_dir(
 def _open_workdir(folder: Path) -> int:
     """A descriptor of the workdir itself (links on its name followed, as for any workdir);
     one inside a loop of symbolic links raises `WorkdirError` naming the link, in the words
-    every reader uses (`contract.link_loop`): it was the system's bare OSError."""
+    every reader uses (`contract.link_loop`), and one missing or a file raises it naming the
+    path and the fix: both were the system's bare OSError."""
     try:
         return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        # The system's bare words named neither the field nor the fix.
+        raise WorkdirError(
+            f"workdir: {shown_path(folder)} {not_a_directory(str(folder))}; {WORKDIR_FIX}"
+        ) from None
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
@@ -351,6 +364,32 @@ def _recover(inbox_fd: int, queued_fd: int, taken_fd: int, claims_fd: int) -> li
     return problems
 
 
+def _check_reader(via: object, max_bytes: object) -> None:
+    """Refuse a `via` or `max_bytes` a caller got wrong, naming the parameter: a number
+    passed second (`claim_all(wd, 5)`, read as a count of messages) is no reader's name, and
+    a `max_bytes` below one bounded nothing a caller could mean, without a word."""
+    readers = ", ".join(sorted(VIAS))
+    if not isinstance(via, str):
+        raise TypeError(
+            f"via (the second argument: who reads the messages) must be one of {readers},"
+            f" not {type(via).__name__} {quoted(via)}"
+        )
+    if via not in VIAS:
+        raise ValueError(f"via: {quoted(via)} is not one of {readers}")
+    if max_bytes is None:
+        return
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
+        raise TypeError(
+            f"max_bytes must be a whole number of bytes or None (no bound), not"
+            f" {type(max_bytes).__name__} {quoted(max_bytes)}"
+        )
+    if max_bytes < 1:
+        raise ValueError(
+            f"max_bytes: {max_bytes} is below 1; give the bytes one delivery may hold, or None"
+            " for no bound"
+        )
+
+
 def claim(workdir: Path, via: str, *, max_bytes: int | None = None) -> Batch:
     """Claim the queued messages, oldest first, without acknowledging any (see `claiming`).
 
@@ -361,8 +400,7 @@ def claim(workdir: Path, via: str, *, max_bytes: int | None = None) -> Batch:
     record in `claims/` says this process holds it, so should the process die first, the
     next claim (by any reader) queues it again.
     """
-    if via not in VIAS:
-        raise ValueError(f"via: {via!r} is not one of {', '.join(sorted(VIAS))}")
+    _check_reader(via, max_bytes)
     batch = Batch()
     with _inbox(workdir, taken=True) as fds:
         if fds is None:

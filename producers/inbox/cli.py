@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             with claiming(workdir, VIA) as claim:
                 code = _deliver(args, claim, stop)
             stop.check()  # noted during the release: the messages are back, now it ends
-    except (InboxUnsafe, WorkdirError) as exc:  # a folder to fix, or a workdir in a loop
+    except (InboxUnsafe, WorkdirError) as exc:  # a folder to fix, a workdir in a loop or gone
         print(f"taskcard inbox: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

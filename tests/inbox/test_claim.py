@@ -232,6 +232,31 @@ def test_claim_keeps_the_rest_queued_past_the_budget(workdir: Path) -> None:
     assert [m.id for m in huge.messages] == ["m2"]
 
 
+@pytest.mark.parametrize(
+    ("via", "max_bytes", "error", "says"),
+    [
+        (5, None, TypeError, "via (the second argument: who reads the messages) must be one of"),
+        ("reader", None, ValueError, "via: 'reader' is not one of claude-code:PostToolUse, "),
+        ("mcp", -1, ValueError, "max_bytes: -1 is below 1; give the bytes one delivery may"),
+        ("mcp", 0, ValueError, "max_bytes: 0 is below 1;"),
+        ("mcp", 2.5, TypeError, "max_bytes must be a whole number of bytes or None (no bound)"),
+        ("mcp", True, TypeError, "max_bytes must be a whole number of bytes or None"),
+    ],
+)
+def test_claim_all_refuses_a_reader_or_budget_naming_the_parameter(
+    workdir: Path, via: object, max_bytes: object, error: type, says: str
+) -> None:
+    """`claim_all(wd, 5)` (a count of messages where the reader's name goes) raised a bare
+    ValueError, and `max_bytes=-1` was taken without a word; each is refused naming the
+    parameter, with a type error for a value of the wrong type, and nothing is claimed."""
+    queue(workdir, "m1", "first")
+    with pytest.raises(error) as raised:
+        claim_all(workdir, via, max_bytes=max_bytes)  # type: ignore[arg-type]
+    assert str(raised.value).startswith(says), raised.value
+    assert names(workdir, "queued") == ["m1.json"]
+    assert acks(workdir) == []
+
+
 def test_a_claimed_message_reaches_the_reader_when_its_ack_cannot_be_written(
     workdir: Path,
 ) -> None:

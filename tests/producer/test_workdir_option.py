@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-from taskcard.producers.inbox import peek
+from taskcard.producers.inbox import claim_all, peek
 from taskcard.producers.ledger import Ledger, LedgerError
 from taskcard.producers.reports import LineageError, ReportError, Reports, read_lineage, spawn
 from taskcard.producers.task_card import TaskCard, WorkdirError
@@ -187,6 +187,7 @@ def _api_calls(
         "read_lineage": (read_lineage, LineageError, "workdir: "),
         "Ledger": (lambda value: Ledger(value).read(), LedgerError, "ledger: "),
         "peek": (peek, WorkdirError, "workdir: "),
+        "claim_all": (lambda value: claim_all(value, "mcp"), WorkdirError, "workdir: "),
     }
 
 
@@ -213,12 +214,28 @@ def test_the_python_api_refuses_a_file_given_as_the_workdir(
     monkeypatch.chdir(home / "elsewhere")
     (home / "notes.txt").write_text("keep")
     for name, (call, error, field) in _api_calls(runtime_dir, home / "agent").items():
-        if name in ("Ledger", "read_lineage", "peek"):
-            continue  # a file is the ledger's own shape; the other two read under it
+        if name in ("Ledger", "read_lineage"):
+            continue  # a file is the ledger's own shape; lineage.json is read under it
         with pytest.raises(error) as raised:
             call(str(home / "notes.txt"))
         assert str(raised.value).startswith(field), (name, raised.value)
         assert "not a directory" in str(raised.value), (name, raised.value)
+    assert (home / "notes.txt").read_text() == "keep"
+
+
+def test_the_inbox_api_refuses_a_missing_or_file_workdir_naming_it(home: Path) -> None:
+    """`peek` and `claim_all` on a folder that is not there, or on a file, raised the
+    system's bare FileNotFoundError or NotADirectoryError, naming neither the field nor the
+    fix: the `WorkdirError` the docs promise says both."""
+    (home / "notes.txt").write_text("keep")
+    for given in (home / "gone", home / "notes.txt", str(home / "gone" / "agent")):
+        for call in (peek, lambda value: claim_all(value, "mcp")):
+            with pytest.raises(WorkdirError) as raised:
+                call(given)
+            assert str(raised.value) == (
+                f"workdir: {given} is not a directory; pass the agent's working directory"
+            )
+    assert not (home / "gone").exists()
     assert (home / "notes.txt").read_text() == "keep"
 
 
@@ -233,7 +250,7 @@ def test_the_python_api_names_a_loop_of_links_given_as_the_workdir(
     (home / "b").symlink_to("a")
     loop = "a symbolic link that goes round a loop of symbolic links (to b); "
     for name, (call, error, field) in _api_calls(runtime_dir, home / "agent").items():
-        if name in ("Ledger", "read_lineage", "peek"):
+        if name in ("Ledger", "read_lineage", "peek", "claim_all"):
             continue  # they read a file under it: said as a file they cannot read
         with pytest.raises(error) as raised:
             call(str(home / "a"))
