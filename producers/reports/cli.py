@@ -30,6 +30,7 @@ from taskcard.producers.reports.store import (
     VERDICTS,
     ReportError,
     Reports,
+    after_problem,
     write_problem,
 )
 from taskcard.producers.task_card.contract import (
@@ -266,8 +267,9 @@ def run_spawn(args: argparse.Namespace) -> int:
 
 def _seq(text: str) -> int:
     value = whole_number(text, "a seq (the last one you read)")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a seq is 0 or more")
+    problem = after_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 

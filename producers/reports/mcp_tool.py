@@ -31,6 +31,7 @@ from taskcard.producers.reports.store import (
     VERDICTS,
     ReportError,
     Reports,
+    after_problem,
     write_problem,
 )
 from taskcard.producers.task_card.contract import cannot_write, json_kind, quoted
@@ -206,10 +207,9 @@ def call_report(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
 
 def call_reports(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     after = arguments.get("after")
-    if after is not None and not 0 <= after <= MAX_SEQ:
-        return _failed(
-            f"after: {after} is out of range; give the last seq you read (0 to {MAX_SEQ})"
-        )
+    problem = None if after is None else after_problem(after)
+    if problem is not None:  # before the child's folder is looked at, as ever
+        return _failed(f"after: {problem}")
     workdir = Path(paths.workdir)
     child = arguments.get("child_workdir")
     if child is not None:

@@ -221,6 +221,18 @@ def check_report(
             )
 
 
+def after_problem(seq: object) -> str | None:
+    """Why `seq` cannot be the last seq read, in words after the field's name (None: it can):
+    one range for every way in (`Reports.after`, `taskcard reports --after`, the `reports`
+    tool), where MCP alone refused a seq past any report's and the others answered that no
+    report came after it."""
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        return f"must be a whole number from 0 to {MAX_SEQ} (the last seq you read)"
+    if not 0 <= seq <= MAX_SEQ:
+        return f"{seq} is out of range; give the last seq you read (0 to {MAX_SEQ})"
+    return None
+
+
 class Reports:
     """The reports of one workdir; `channel` is who receives them (stamped on each)."""
 
@@ -302,8 +314,9 @@ class Reports:
 
     def after(self, seq: int | None = None) -> dict[str, Any] | None:
         """The first report with a seq above `seq` (the latest when None), or None."""
-        if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 0):
-            raise ReportError("after: must be a whole number >= 0 (the last seq you read)")
+        problem = None if seq is None else after_problem(seq)
+        if problem is not None:
+            raise ReportError(f"after: {problem}")
         self._require_workdir()
         self._require_folder()
         self._skipped, self._skipped_count = [], 0

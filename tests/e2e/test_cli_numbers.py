@@ -172,7 +172,7 @@ def test_ascii_digits_with_a_sign_still_work(tmp_path: Path) -> None:
     assert shown["observed"]["downloads"][0]["observed_bytes"] == 10
     # A negative seq still meets its own range check, not the form's.
     after = taskcard("reports", "--after", "-1", *common)
-    assert after.returncode == 2 and "'-1': a seq is 0 or more" in after.stderr, after.stderr
+    assert after.returncode == 2 and "--after: -1 is out of range" in after.stderr, after.stderr
 
 
 @pytest.mark.parametrize("value", ["１０", "1_0", " 3"])

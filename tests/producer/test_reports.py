@@ -772,3 +772,32 @@ def test_reports_names_the_broken_lines_it_reads_past_by_number(workdir: Path) -
             int(line.split(" line ")[1].split()[0]) for line in said[:5]
         ]
         assert more == (3 if len(said) > 5 else 0)
+
+
+async def test_a_seq_past_any_report_is_refused_with_the_range_by_every_way_in(
+    workdir: Path, cli: CliHost
+) -> None:
+    """MCP refused an `after` above 10^15, the most a report's seq may be, while `taskcard
+    reports --after 10000000000000001` exited 0 with no report and `Reports(wd).after(10**30)`
+    returned None: each refuses it now, with the range (a usage error, exit 2, on the command
+    line), as each refuses -1."""
+    assert Reports(workdir).add(ok=True)["seq"] == 1
+    said = "is out of range; give the last seq you read (0 to 1000000000000000)"
+    for seq in (10**15 + 1, -1):
+        done = taskcard("reports", "--workdir", str(workdir), "--after", str(seq))
+        assert (done.returncode, done.stdout) == (2, b""), done.stderr
+        assert f"argument --after: {seq} {said}".encode() in done.stderr, done.stderr
+    for seq in (10**15 + 1, 10**30, -1):
+        with pytest.raises(ReportError) as raised:
+            Reports(workdir).after(seq)
+        assert str(raised.value) == f"after: {seq} {said}"
+    async with mcp_session(workdir, cli.runtime_dir, (TASKCARD,)) as session:
+        for seq in (10**15 + 1, -1):
+            result = await session.call_tool("reports", {"after": seq})
+            content = result.structured_content
+            assert result.is_error and isinstance(content, dict), content
+            assert (content["status"], content["message"]) == ("failed", f"after: {seq} {said}")
+        result = await session.call_tool("reports", {"after": 10**15})
+        assert result.structured_content == {"status": "ok", "report": None}
+    assert next_report(workdir, "--after", str(10**15)) is None
+    assert Reports(workdir).after(10**15) is None
