@@ -186,6 +186,14 @@ def resolve_renderer(workdir: Path, renderer_path: str) -> Path:
     `RendererPathError` when the path names no renderer file inside the workdir (the caller's
     to mend), `RendererUnreadable` when it could not be looked at (`PATH_ERRNOS`)."""
     root = workdir.resolve()
+    ending = next((end for end in ("/", "/.") if renderer_path.endswith(end)), None)
+    if ending is not None:
+        # `Path` drops the ending: `r.py/` started a watch on the file `r.py`.
+        raise RendererPathError(
+            f"renderer_path: {quoted(renderer_path)} ends in {ending!r}, which names a folder;"
+            " give the renderer's Python file without it",
+            f"ends in {ending!r}, which names a folder",
+        )
     candidate = Path(renderer_path)
     if not candidate.is_absolute():
         candidate = root / candidate

@@ -3,8 +3,9 @@ file: each refusal says what the name is and what to give instead.
 
 A folder, a named pipe or a socket was "is not a regular file", leaving both to guess; a
 name too long to look at, or one under a regular file (`notes.py/r.py`), was said not to
-exist. Driven through the real command line and
-the SDK's stdio client, one host for both, stopped at the end.
+exist; one ending in `/` (`r.py/`, a folder's name) started a watch on the file. Driven
+through the real command line and the SDK's stdio client, one host for both, stopped at the
+end.
 
 Every refusal of the renderer path is a usage error on the command line (exit 2, as a
 `--workdir` that names no folder is), with `code: bad_renderer_path` in the result; it exited
@@ -37,7 +38,7 @@ def _refused_start(cli: CliHost, name: str) -> dict[str, Any]:
     return result
 
 
-KINDS = ["folder", "fifo", "socket", "long", "under a file"]
+KINDS = ["folder", "fifo", "socket", "long", "under a file", "trailing slash", "slash dot"]
 
 
 def _make(workdir: Path, kind: str) -> tuple[str, str]:
@@ -48,7 +49,17 @@ def _make(workdir: Path, kind: str) -> tuple[str, str]:
         "socket": "r_sock",
         "long": "z" * 5000,
         "under a file": "notes.py/r.py",
+        "trailing slash": "r.py/",
+        "slash dot": "r.py/.",
     }[kind]
+    if kind in ("trailing slash", "slash dot"):
+        # `r.py/` started a watch on the file `r.py`: `Path` drops the ending.
+        write_renderer(workdir, "r.py", STATIC_RENDERER)
+        ending = name[name.index("/") :]
+        return name, (
+            f"renderer_path: '{name}' ends in '{ending}', which names a folder; give the"
+            " renderer's Python file without it"
+        )
     if kind == "under a file":
         (workdir / "notes.py").write_text("# mine\n")
         return name, (
