@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.stdio import get_default_environment
 
 # The property tests draw the same examples on every run of `make test` (a gate that passes
 # once passes again: a new random draw finding an old bug must not turn CI red on an unrelated
@@ -98,9 +99,14 @@ def mcp_server(
     """`taskcard mcp` for `workdir`, as the MCP SDK's stdio client starts it (`taskcard`: the
     command line that runs it, up to the subcommand)."""
     command, *first = taskcard
+    # The SDK starts the server with a few variables alone (HOME, PATH, ...): without the
+    # suite's PYTHONPATH, a run from a git worktree served the checkout the venv was
+    # installed from, not the code under test.
+    env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else None
     return StdioServerParameters(
         command=command,
         args=[*first, "mcp", "--workdir", str(workdir), "--runtime-dir", str(runtime_dir)],
+        env=None if env is None else {**get_default_environment(), **env},
     )
 
 
