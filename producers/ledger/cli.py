@@ -63,7 +63,7 @@ _AT_MOST: Final = f", at most {MAX_NOTE_CHARS} characters"
 def _ledger(args: argparse.Namespace) -> Ledger:
     # Checked as given: an empty `--ledger` joined to the workdir would name the workdir.
     given: str = args.ledger
-    Ledger(given)
+    Ledger(given, way="cli")
     # `--ledger=~/x.json`, or a path in quotes: no shell expanded the ~, and a folder named
     # "~" was made in the workdir.
     path = expand_home(given)
@@ -85,7 +85,7 @@ def _ledger(args: argparse.Namespace) -> Ledger:
     leads_out = inside and not is_inside(str(workdir), os.path.realpath(full))
     if problem is not None and not leads_out:
         raise LedgerError(f"--ledger: {shown_path(given)} {problem}")
-    return Ledger(full, inside=workdir if inside else None)
+    return Ledger(full, inside=workdir if inside else None, way="cli")
 
 
 def _not_a_file(path: Path) -> str | None:

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def ledger_supervisor(card: TaskCard) -> Callable[[], None]:
-    ledger = Ledger(card.workdir / DEFAULT_LEDGER, inside=card.workdir)
+    # Logged for whoever runs the host, who fixes a ledger with the command line.
+    ledger = Ledger(card.workdir / DEFAULT_LEDGER, inside=card.workdir, way="cli")
     port = LedgerNotificationPort(card.paths)
 
     def check() -> None:

@@ -8,7 +8,6 @@ files, there is no host to reach), always answers a dict, and never raises for b
 
 from __future__ import annotations
 
-import re
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -31,6 +30,7 @@ from taskcard.producers.ledger.store import (
     Ledger,
     LedgerError,
     cannot_write,
+    worded,
 )
 from taskcard.producers.task_card.contract import quoted
 from taskcard.producers.task_card.runtime import HostPaths
@@ -334,26 +334,6 @@ def stray_field(command: str, arguments: dict[str, Any]) -> str | None:
     return f"{stray[0]}: not a field of {what}; remove it ({what} takes: {', '.join(takes)})"
 
 
-# The store words its errors for the command line (`give --kind`, `see taskcard ledger init
-# --help`); over MCP the same fix is said with this tool's field names.
-_CLI_REFERENCES: Final = (
-    (re.compile(r"`taskcard ledger(?: init)? --help`"), "the ledger tool's schema"),
-    (re.compile(r"run `(?:taskcard )?ledger init`"), "call the ledger tool with command init"),
-)
-# An option as the store writes one: after a space, never inside a quoted path or id.
-_OPTION: Final = re.compile(r"(?<= )--([a-z][a-z-]*)(?: [A-Z_]+)?")
-_OPTION_FIELDS: Final = {"bytes": "observed_bytes"}
-
-
-def for_mcp(message: str) -> str:
-    """A store's error with its command line words (options, `--help`) said as this tool's."""
-    for pattern, words in _CLI_REFERENCES:
-        message = pattern.sub(words, message)
-    return _OPTION.sub(
-        lambda found: _OPTION_FIELDS.get(found[1], found[1].replace("-", "_")), message
-    )
-
-
 def _failed(message: str) -> dict[str, Any]:
     """A call refused for an argument (the message names the field)."""
     return failed(BAD_ARGUMENTS, message)
@@ -374,11 +354,11 @@ def call_ledger(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
     stray = stray_field(command, arguments)
     if stray is not None:
         return _failed(stray)
-    ledger = Ledger(paths.workdir / DEFAULT_LEDGER, inside=paths.workdir)
+    ledger = Ledger(paths.workdir / DEFAULT_LEDGER, inside=paths.workdir, way="mcp")
     try:
         return {"status": "ok", "command": command, **_run(ledger, paths, command, arguments)}
-    except LedgerError as exc:  # its code: an argument, or the ledger's file
-        return failed(exc.code, for_mcp(str(exc)))
+    except LedgerError as exc:  # its code: an argument, or the ledger's file; its words the
+        return failed(exc.code, worded(str(exc), "mcp"))  # tool's (said so already, mostly)
     except (TypeError, ValidationError):
         return _failed(f"a field of {command} has the wrong type; see the ledger tool's schema")
     except OSError as exc:
@@ -412,7 +392,7 @@ def _run(ledger: Ledger, paths: HostPaths, command: str, args: dict[str, Any]) -
             ]
         }
         if skipped:
-            result["skipped"] = [for_mcp(problem) for problem in skipped]
+            result["skipped"] = [worded(problem, "mcp") for problem in skipped]
         return result
     if not isinstance(task_id, str):
         raise LedgerError(f"task_id: {command} needs task_id (a string)")

@@ -21,13 +21,15 @@ import contextlib
 import difflib
 import errno
 import fcntl
+import functools
 import json
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, Final, Literal, TypeVar, cast
 
 from pydantic import ValidationError
 
@@ -93,6 +95,61 @@ class LedgerReadFailed(LedgerError):
     code = READ_FAILED
 
 
+# The way in a ledger is used by, which its errors name the fix in: the store words them for
+# the command line (`give --kind`, `see taskcard ledger init --help`); `worded` says the same
+# with the MCP tool's fields or the Python API's parameters (`Ledger(..., way=...)`).
+Way = Literal["cli", "mcp", "python"]
+_REFERENCES: Final[dict[str, tuple[tuple[re.Pattern[str], str], ...]]] = {
+    "cli": (),
+    "mcp": (
+        (re.compile(r"`taskcard ledger(?: init)? --help`"), "the ledger tool's schema"),
+        (re.compile(r"run `(?:taskcard )?ledger init`"), "call the ledger tool with command init"),
+    ),
+    "python": (
+        (re.compile(r"`taskcard ledger init --help`"), "help(Ledger.init)"),
+        (re.compile(r"`taskcard ledger --help`"), "help(Ledger)"),
+        (re.compile(r"run `(?:taskcard )?ledger init`"), "call Ledger.init"),
+        (re.compile(r"`taskcard ledger init`"), "Ledger.init"),
+        (re.compile(r"--ledger PATH"), "Ledger(PATH)"),
+    ),
+}
+# An option as the store writes one: after a space, never inside a quoted path or id; it is
+# the field or parameter of the same name, `_` for `-`, but for these.
+_OPTION: Final = re.compile(r"(?<= )--([a-z][a-z-]*)(?: [A-Z_]+)?")
+_OPTION_FIELDS: Final = {"bytes": "observed_bytes", "artifact": "artifacts"}
+
+
+def worded(message: str, way: Way) -> str:
+    """A store's error (`LedgerError`) with its command line words (options, `--help`, `run
+    taskcard ledger init`) said as `way` names them; as it is for the command line. Saying
+    it again changes nothing."""
+    for pattern, words in _REFERENCES[way]:
+        message = pattern.sub(words, message)
+    if way == "cli":
+        return message
+    after = "=" if way == "python" else ""  # a keyword argument: `step=`
+    return _OPTION.sub(
+        lambda found: _OPTION_FIELDS.get(found[1], found[1].replace("-", "_")) + after, message
+    )
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _worded(method: _Method) -> _Method:
+    """`method` with the `LedgerError`s it raises said for the ledger's way in (`worded`)."""
+
+    @functools.wraps(method)
+    def said_for_the_way_in(self: Ledger, /, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except LedgerError as exc:
+            exc.args = (worded(str(exc), self.way),)
+            raise
+
+    return cast(_Method, said_for_the_way_in)
+
+
 def cannot_write(exc: OSError) -> str:
     """What the system refused while the ledger was kept, in one line: the path it named,
     why (a file where the `ledger/` folder belongs, a folder without write access), and
@@ -151,7 +208,7 @@ def _type_name(value: object) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, int | float):
-        return "a number"
+        return repr(value)  # `2.5` for a whole number: "a number" said nothing wrong
     if isinstance(value, str):
         return "text"
     return "a list" if isinstance(value, list | tuple) else type(value).__name__
@@ -308,8 +365,16 @@ class Ledger:
     """One ledger file. All methods are safe to call from many processes at once."""
 
     def __init__(
-        self, path: Path | str, *, clock: Clock = utc_now, inside: Path | None = None
+        self,
+        path: Path | str,
+        *,
+        clock: Clock = utc_now,
+        inside: Path | None = None,
+        way: Way = "python",
     ) -> None:
+        """`way`: the way in the errors name the fix for: the Python parameters (this API),
+        the command line's options (`cli`) or the MCP tool's fields (`mcp`)."""
+        self.way: Way = way
         try:
             self.path = given_path(path, "the ledger's file path", folder=False)
         except WorkdirError as exc:
@@ -326,6 +391,7 @@ class Ledger:
 
     # ---------------------------------------------------------------------- reading
 
+    @_worded
     def read(self) -> LedgerDocument:
         """The current document (empty when the file does not exist yet)."""
         try:
@@ -394,9 +460,11 @@ class Ledger:
         # The system's failure, not the caller's input: `LedgerReadFailed` (exit 1).
         return LedgerReadFailed(f"ledger {self.shown}: cannot read it ({why}); {fix}")
 
+    @_worded
     def task(self, task_id: str) -> TaskRecord:
         return self.require(self.read(), task_id)
 
+    @_worded
     def default_task_id(self) -> str:
         """The only task, else the newest one not completed, else the newest one."""
         document = self.read()
@@ -480,6 +548,7 @@ class Ledger:
             "it is; the file's other tasks work as before)"
         )
 
+    @_worded
     def require(self, document: LedgerDocument, task_id: str) -> TaskRecord:
         broken = self.broken_problem(document, task_id)
         if broken is not None:
@@ -493,6 +562,7 @@ class Ledger:
             )
         return record
 
+    @_worded
     def init(
         self,
         task_id: str,
@@ -631,6 +701,7 @@ class Ledger:
             block.resolved_at = at
             block.resolved_by = by
 
+    @_worded
     def checkpoint(
         self,
         task_id: str,
@@ -734,6 +805,7 @@ class Ledger:
 
         return self._observe(task_id, event_type, source, apply, step=step, note=note)  # type: ignore[arg-type]
 
+    @_worded
     def block(
         self,
         task_id: str,
@@ -777,6 +849,7 @@ class Ledger:
             task_id, "BLOCKED_CONFIRMED", source, apply, step=step, note=reason, delta=False
         )
 
+    @_worded
     def external_job(
         self,
         task_id: str,
@@ -846,6 +919,7 @@ class Ledger:
 
         return self._observe(task_id, "EXTERNAL_OBSERVED", "external", apply, note=evidence)
 
+    @_worded
     def download_observed(
         self,
         task_id: str,
@@ -904,6 +978,7 @@ class Ledger:
 
         return self._observe(task_id, "DOWNLOAD_OBSERVED", "external", apply, note=name)
 
+    @_worded
     def owner_reply(
         self,
         task_id: str,
@@ -963,5 +1038,6 @@ class Ledger:
             task_id, "OWNER_REPLY_RECORDED", "owner", apply, note=note, delta=reply == "A"
         )
 
+    @_worded
     def heartbeat(self, task_id: str, note: str | None = None) -> TaskRecord:
         return self.checkpoint(task_id, "HEARTBEAT", note=note)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,42 @@ def test_a_value_of_the_wrong_type_is_a_ledger_error_naming_it(
     with pytest.raises(LedgerError, match=f"^{field}: "):
         getattr(ledger, method)(**arguments)
     assert ledger.path.read_bytes() == before
+
+
+def test_the_python_apis_errors_name_its_parameters_not_the_command_lines_options(
+    ledger: Ledger,
+) -> None:
+    """The ledger's errors were worded for `taskcard ledger` whatever the way in: a Python
+    caller read "needs --step STEP_ID", "give --bytes" and "see `taskcard ledger init
+    --help`", and `max_nudges=2.5` was "must be a whole number, not a number". The same
+    errors now name the API's parameters (the MCP tool's say its fields, and the command
+    line's its options, from the one wording)."""
+    ledger.init("t", "p", steps=["a"])
+    refused: list[tuple[Callable[[], object], str]] = [
+        (lambda: ledger.init("u", "p", timeout_sec=0), "; see help(Ledger.init)"),
+        (
+            lambda: ledger.init("u", "p", max_nudges=2.5),
+            "max_nudges: must be a whole number, not 2.5",
+        ),
+        (lambda: ledger.heartbeat("nope"), "; call Ledger.init first"),
+        (lambda: ledger.checkpoint("t", "STEP_PROGRESS"), "STEP_PROGRESS needs step= (which"),
+        (lambda: ledger.download_observed("t", name="d"), "observed_bytes: give observed_bytes="),
+        (lambda: ledger.owner_reply("t", reply="B"), "needs reason= and safe_next_step="),
+        (lambda: ledger.block("t", reason="r"), "give kind=, one of"),
+        (
+            lambda: ledger.checkpoint("t", "HEARTBEAT", artifacts=["x"]),
+            "remove artifacts=, or say what was produced in note=",
+        ),
+    ]
+    for call, words in refused:
+        with pytest.raises(LedgerError) as raised:
+            call()
+        message = str(raised.value)
+        assert words in message, message
+        assert "--" not in message and "taskcard ledger" not in message, message
+    cli = Ledger(ledger.path, way="cli")
+    with pytest.raises(LedgerError, match=r"needs --step STEP_ID \(which step moved\)$"):
+        cli.checkpoint("t", "STEP_PROGRESS")
+    mcp = Ledger(ledger.path, way="mcp")
+    with pytest.raises(LedgerError, match=r"^observed_bytes: give observed_bytes with the size"):
+        mcp.download_observed("t", name="d")
