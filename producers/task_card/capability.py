@@ -96,6 +96,7 @@ from taskcard.producers.task_card.settings import (
     show_rows,
 )
 from taskcard.producers.task_card.tally import RefreshTally, read_tally
+from taskcard.producers.task_card.tool_failure import HOST_UNAVAILABLE
 from taskcard.producers.task_card.turns import add_completed_turn, keep_reminder, reset_turns
 from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path
 from taskcard.producers.task_card.workdir_lock import boot_id
@@ -179,8 +180,28 @@ class _Watch:
         )
 
 
-def _failed(message: str, **extra: Any) -> Result:
-    return {"status": "failed", "message": message, **extra}
+# The codes of `task_card`'s own refusals, beside the shared ones (`tool_failure`) and the
+# renderer's (`renderer_failed`, ...: a failed first render answers its verdict's code).
+ALREADY_ACTIVE: Final = "already_active"  # start: one watch per agent runs already
+BUSY: Final = "busy"  # another start's first render runs, or the watch is stopping: call again
+UNKNOWN_WATCH: Final = "unknown_watch"  # a watch_id this host does not know (or did not resume)
+SETTINGS_UNAVAILABLE: Final = "settings_unavailable"  # taskcard/settings.json cannot be read
+REFRESHES_EXHAUSTED: Final = "refreshes_exhausted"  # retry: budget and final retry both spent
+CANNOT_RENDER: Final = "cannot_render"  # retry: the watch's renderer can no longer be run
+TASK_CARD_CODES: Final = (
+    ALREADY_ACTIVE,
+    BUSY,
+    UNKNOWN_WATCH,
+    SETTINGS_UNAVAILABLE,
+    REFRESHES_EXHAUSTED,
+    CANNOT_RENDER,
+)
+
+
+def _failed(code: str, message: str, **extra: Any) -> Result:
+    """A refused call: its `code` (one of `TASK_CARD_CODES`, or of the shared ones in
+    `tool_failure`) lets a program tell the failures apart without reading the words."""
+    return {"status": "failed", "code": code, "message": message, **extra}
 
 
 def load_manual() -> str:
@@ -195,8 +216,9 @@ def settings_result(paths: CardPaths) -> Result:
         rows = show_rows(effective)
     except SettingsUnavailable as exc:
         return _failed(
+            SETTINGS_UNAVAILABLE,
             f"effective settings are unavailable: taskcard/{exc}. No rows are shown; "
-            f"{exc.fix}, then call settings again"
+            f"{exc.fix}, then call settings again",
         )
     result: Result = {"status": "ok", "settings": rows, "settings_path": str(paths.settings)}
     if effective.problems:
@@ -224,7 +246,7 @@ def refused_answer(parsed: Envelope, message: str, code: str) -> Result:
     """The whole answer a host gives to a call refused before it did anything (`TaskCard.call`
     wraps `_failed` the same way): given by `client.call_via_host` for a refusal it can decide
     without a host, so none is started only to refuse."""
-    result: Result = {"action": parsed.action, **_failed(message, code=code)}
+    result: Result = {"action": parsed.action, **_failed(code, message)}
     if parsed.summarize:
         result["summary"] = _summary(result)
     return result
@@ -320,7 +342,7 @@ class TaskCard:
         try:
             parsed = parse_envelope(envelope)
         except EnvelopeError as exc:  # transport or schema: the caller's envelope
-            return _failed(str(exc), code="bad_envelope")
+            return _failed("bad_envelope", str(exc))
         if parsed.action in READ_ONLY_ACTIONS:
             return read_only_answer(parsed, self.paths)
         result: Result
@@ -330,8 +352,9 @@ class TaskCard:
             return {
                 "action": parsed.action,
                 **_failed(
+                    HOST_UNAVAILABLE,
                     "this task card host was closed; open a new TaskCard for the workdir "
-                    "(it resumes the watch) and call again"
+                    "(it resumes the watch) and call again",
                 ),
             }
         if parsed.action == "start":
@@ -403,21 +426,23 @@ class TaskCard:
         try:
             renderer = resolve_renderer(self.workdir, request.renderer_path)
         except RendererPathError as exc:
-            return _failed(str(exc), code="bad_renderer_path")
+            return _failed("bad_renderer_path", str(exc))
         except RendererUnreadable as exc:  # a failure, not the caller's mistake: exit 1
-            return _failed(str(exc), code="renderer_failed")
+            return _failed("renderer_failed", str(exc))
         with self._lock:
             if self._closed:
-                return _failed("this task card host is shutting down; call again")
+                return _failed(HOST_UNAVAILABLE, "this task card host is shutting down; call again")
             if self._starting:
                 return _failed(
+                    BUSY,
                     "another start is in progress (its first render is running); one active "
                     "watch per agent: call start again once it is done, and it answers with "
-                    "the watch's id if that start made one"
+                    "the watch's id if that start made one",
                 )
             current = self._current
             if current is not None and current.state in LIVE_STATES:
                 return _failed(
+                    ALREADY_ACTIVE,
                     f"watch {current.watch_id} is already active (one card per agent); "
                     "stop or remove it first, or retry it",
                     watch_id=current.watch_id,
@@ -435,14 +460,14 @@ class TaskCard:
         try:
             settings = load_settings(self.paths)
         except SettingsUnavailable as exc:
-            return _failed(f"settings unavailable: taskcard/{exc}; {exc.fix}")
+            return _failed(SETTINGS_UNAVAILABLE, f"settings unavailable: taskcard/{exc}; {exc.fix}")
         try:
             migrate_legacy(self.paths, settings)
             seen = max((watch_number(w) for w in self._watches), default=0)
             seen = max(seen, self._seen_watch_number)
             watch_id = allocate_watch_id(self.paths, seen)
         except OSError as exc:
-            return _failed(self._cannot_write(exc), code="write_failed")
+            return _failed("write_failed", self._cannot_write(exc))
         watch = _Watch(
             watch_id=watch_id,
             renderer_rel=self._renderer_name(request.renderer_path, renderer),
@@ -458,14 +483,14 @@ class TaskCard:
         verdict, stderr_tail = self._render(watch, cancel)
         if verdict is None or cancel.is_set():
             return _failed(
+                "cancelled",
                 "the start was cancelled by its caller before the card was published; no"
                 " watch was created; call start again",
-                code="cancelled",
             )
         if isinstance(verdict, RenderFailure):
             return _failed(
+                verdict.code,
                 f"first render failed, no watch was created: {verdict.message}",
-                code=verdict.code,
                 stderr_tail=stderr_tail,
             )
         with self._lock:
@@ -477,7 +502,7 @@ class TaskCard:
                 # No watch will refresh this card: it must not stay `active` for the chats.
                 with contextlib.suppress(OSError):
                     self._write_status(STATUS_INACTIVE)
-                return _failed(f"publishing failed: {self._cannot_write(exc)}", code="write_failed")
+                return _failed("write_failed", f"publishing failed: {self._cannot_write(exc)}")
             self._restart_tally(watch)
             self._record_success(watch, verdict.body)
             self._watches[watch_id] = watch
@@ -544,16 +569,18 @@ class TaskCard:
                 return {
                     **self._view(watch),
                     "status": "failed",
+                    "code": REFRESHES_EXHAUSTED,
                     "message": f"watch {watch_id} used its whole refresh budget and its one "
                     "final retry; start a new watch to publish the card again",
                 }
             if watch.state in ("stopping", "stop_failed"):
-                return _failed(f"watch {watch_id} is stopping; stop it again or remove it")
+                return _failed(BUSY, f"watch {watch_id} is stopping; stop it again or remove it")
             why = self._cannot_render(watch)
             if why is not None:
                 return {
                     **self._view(watch),
                     "status": "failed",
+                    "code": CANNOT_RENDER,
                     "message": f"watch {watch_id} cannot render any more: {why}",
                 }
             # The manual: a watch that expired may `retry` "once more to publish a final
@@ -685,9 +712,10 @@ class TaskCard:
         `inspect` of a mistyped id has no use for (and which deletes the card)."""
         if self._not_resumed is not None and self._not_resumed[0] == watch_id:
             return _failed(
+                UNKNOWN_WATCH,
                 f"watch_id: {watch_id} was not resumed when this host started: "
                 f"{self._not_resumed[1]}, so its card was left inactive; start a new watch, "
-                "or call remove to clear the card"
+                "or call remove to clear the card",
             )
         unknown = f"watch_id: {quoted(watch_id)} is not a watch of this host"
         if not self._watches:
@@ -695,7 +723,7 @@ class TaskCard:
             fix = {
                 "stop": "nothing runs to stop; call remove to clear a card left without an id",
             }.get(action, f"nothing to {action}; call start, whose result names the watch's id")
-            return _failed(f"{unknown}, which has no watch: {fix}")
+            return _failed(UNKNOWN_WATCH, f"{unknown}, which has no watch: {fix}")
         known = ", ".join(self._watches)
         current = self._current
         if action == "inspect":
@@ -708,7 +736,7 @@ class TaskCard:
             fix = f"the running one is {current.watch_id}: stop {current.watch_id}"
         else:
             fix = "none is running, so there is nothing to stop"
-        return _failed(f"{unknown} (known: {known}); {fix}")
+        return _failed(UNKNOWN_WATCH, f"{unknown} (known: {known}); {fix}")
 
     def _paths_view(self) -> Result:
         return {

@@ -61,6 +61,7 @@ def test_an_exhausted_watch_gets_one_final_retry(workdir: Path, cli: CliHost) ->
     assert as_tool.returncode == 1
     refused = json.loads(as_tool.stdout)
     assert refused["status"] == "failed" and "start a new watch" in refused["message"]
+    assert refused["code"] == "refreshes_exhausted"
     assert body(workdir) == "# Work\nrender 3\n"  # nothing rendered for the refusals
     started = cli.json("card", "start", "r.py", "--interval-s", "3600")
     assert (started["status"], started["final_retry_available"]) == ("watching", False)
@@ -86,6 +87,7 @@ async def test_the_final_retry_through_mcp(workdir: Path, cli: CliHost) -> None:
         assert again.is_error
         assert isinstance(again.structured_content, dict)
         assert again.structured_content["status"] == "failed"
+        assert again.structured_content["code"] == "refreshes_exhausted"
         assert "start a new watch" in again.structured_content["message"]
     assert body(workdir) == "# Work\nrender 3\n"
 

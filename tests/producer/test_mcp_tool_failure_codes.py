@@ -21,7 +21,7 @@ from mcp import ClientSession
 
 from taskcard.producers.task_card.tool_failure import TOOL_CODES
 
-from .conftest import CliHost
+from .conftest import STATIC_RENDERER, CliHost, envelope, write_renderer
 
 
 def failure(result: Any) -> tuple[str, str]:
@@ -142,3 +142,38 @@ def make_loop(workdir: Path, other: Path | None) -> None:
     shutil.rmtree(workdir)
     other.symlink_to(workdir)
     workdir.symlink_to(other)  # workdir -> other -> workdir
+
+
+async def test_task_cards_own_refusals_carry_a_code_of_their_kind(
+    workdir: Path, cli: CliHost
+) -> None:
+    """`task_card` refused an unknown watch id, a second start and unreadable settings with a
+    message alone (its renderer's failures and schema refusals carried a code): each carries
+    its own code now, through MCP as through `taskcard tool`."""
+    write_renderer(workdir, "r.py", STATIC_RENDERER)
+
+    def refused(result: Any) -> tuple[str, str]:
+        content = result.structured_content
+        assert result.is_error and isinstance(content, dict), result
+        assert content["status"] == "failed", content
+        return content["code"], content["message"]
+
+    async with cli.mcp() as session:
+        for action in ("inspect", "stop", "retry"):  # before any watch
+            answer = await session.call_tool("task_card", envelope(action, watch_id="tc_9"))
+            code, message = refused(answer)
+            assert code == "unknown_watch" and message.startswith("watch_id: 'tc_9'"), message
+        start = envelope("start", renderer_path="r.py", interval_s=3600)
+        started = await session.call_tool("task_card", start)
+        assert not started.is_error, started
+        code, message = refused(await session.call_tool("task_card", start))
+        assert code == "already_active" and "is already active" in message, message
+        answer = await session.call_tool("task_card", envelope("inspect", watch_id="tc_9"))
+        code, message = refused(answer)
+        assert code == "unknown_watch" and "(known: tc_1)" in message, message
+        (workdir / "taskcard" / "taskcard.json").write_text("{", encoding="utf-8")
+        code, message = refused(await session.call_tool("task_card", envelope("settings")))
+        assert code == "settings_unavailable" and "taskcard/taskcard.json" in message, message
+    as_tool = cli.run("tool", json.dumps(envelope("inspect", watch_id="tc_9")))
+    assert as_tool.returncode == 1, as_tool.stdout
+    assert json.loads(as_tool.stdout)["code"] == "unknown_watch"
