@@ -109,6 +109,25 @@ STATIC_RENDERER = 'print("# Work\\nsteady body")\n'
 MCP_MODULE = (sys.executable, "-m", "taskcard.producers.task_card.cli")
 
 
+INITIALIZED = '{"jsonrpc":"2.0","method":"notifications/initialized"}'
+
+
+def mcp_answers(cli: CliHost, lines: list[str]) -> list[dict[str, Any]]:
+    """Every answer of a `taskcard mcp` given `lines` as raw JSON-RPC, its stdin closed after
+    the last one."""
+    done = cli.run("mcp", stdin="".join(line + "\n" for line in lines))
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def report_summaries(workdir: Path) -> list[str]:
+    """The summaries of the reports written to `reports/reports.jsonl`, in order."""
+    written = workdir / "reports" / "reports.jsonl"
+    if not written.exists():
+        return []
+    return [json.loads(line)["summary"] for line in written.read_text().splitlines()]
+
+
 def tool_call(ident: int, params: str) -> str:
     """A raw tools/call line with `params` written as given (JSON or not)."""
     return f'{{"jsonrpc":"2.0","id":{ident},"method":"tools/call","params":{params}}}'

@@ -9,27 +9,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from tests.conftest import INITIALIZE
 
-from .conftest import CliHost, tool_call
-
-INITIALIZED = '{"jsonrpc":"2.0","method":"notifications/initialized"}'
-
-
-def _answers(cli: CliHost, lines: list[str]) -> list[dict[str, Any]]:
-    """Every answer of a server given `lines`, its stdin closed after the last one."""
-    done = cli.run("mcp", stdin="".join(line + "\n" for line in lines))
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines()]
-
-
-def _reports(workdir: Path) -> list[str]:
-    written = workdir / "reports" / "reports.jsonl"
-    if not written.exists():
-        return []
-    return [json.loads(line)["summary"] for line in written.read_text().splitlines()]
+from .conftest import INITIALIZED, CliHost, mcp_answers, report_summaries, tool_call
 
 
 def test_calls_running_when_stdin_ends_are_answered_with_their_results(
@@ -40,10 +23,10 @@ def test_calls_running_when_stdin_ends_are_answered_with_their_results(
     for n in range(calls):
         report = {"name": "report", "arguments": {"ok": True, "summary": f"r{n}"}}
         lines.append(tool_call(100 + n, json.dumps(report)))
-    answers = {answer["id"]: answer for answer in _answers(cli, lines)}
+    answers = {answer["id"]: answer for answer in mcp_answers(cli, lines)}
     assert sorted(answers) == [1, *range(100, 100 + calls)], sorted(answers)
     for n in range(calls):
         answer = answers[100 + n]
         assert "error" not in answer, answer
         assert answer["result"]["isError"] is False, answer
-    assert sorted(_reports(workdir)) == sorted(f"r{n}" for n in range(calls))
+    assert sorted(report_summaries(workdir)) == sorted(f"r{n}" for n in range(calls))

@@ -15,27 +15,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from tests.conftest import INITIALIZE
 
-from .conftest import CliHost, tool_call
-
-INITIALIZED = '{"jsonrpc":"2.0","method":"notifications/initialized"}'
-
-
-def _answers(cli: CliHost, lines: list[str]) -> list[dict[str, Any]]:
-    """Every answer of a server given `lines`, its stdin closed after the last one."""
-    done = cli.run("mcp", stdin="".join(line + "\n" for line in lines))
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines()]
-
-
-def _reports(workdir: Path) -> list[str]:
-    written = workdir / "reports" / "reports.jsonl"
-    if not written.exists():
-        return []
-    return [json.loads(line)["summary"] for line in written.read_text().splitlines()]
+from .conftest import INITIALIZED, CliHost, mcp_answers, report_summaries, tool_call
 
 
 def test_a_request_whose_id_is_not_one_is_answered_as_invalid_and_not_run(
@@ -57,7 +40,7 @@ def test_a_request_whose_id_is_not_one_is_answered_as_invalid_and_not_run(
         for ident in calls
     ]
     lines.append('{"jsonrpc":"2.0","id":9,"method":"ping"}')
-    answers = _answers(cli, lines)
+    answers = mcp_answers(cli, lines)
     assert answers[0]["id"] == 1 and "result" in answers[0]
     assert answers[-1] == {"jsonrpc": "2.0", "id": 9, "result": {}}
     refused = answers[1:-1]
@@ -69,7 +52,7 @@ def test_a_request_whose_id_is_not_one_is_answered_as_invalid_and_not_run(
         message = answer["error"]["message"]
         assert message.startswith(f"Invalid Request: id {json.dumps(json.loads(ident))} is {kind}")
         assert "a request's id is text or a whole number" in message, message
-    assert _reports(workdir) == []  # neither tools/call ran
+    assert report_summaries(workdir) == []  # neither tools/call ran
 
 
 def test_half_a_surrogate_pair_in_a_tool_call_is_refused_naming_the_field(
@@ -82,7 +65,7 @@ def test_half_a_surrogate_pair_in_a_tool_call_is_refused_naming_the_field(
         tool_call(3, r'{"name":"report","arguments":{"ok":true,"r\udc00le":"x"}}'),
         tool_call(4, r'{"name":"report","arguments":{"ok":true,"summary":"whole \ud83d\ude00"}}'),
     ]
-    by_id = {answer["id"]: answer for answer in _answers(cli, lines)}
+    by_id = {answer["id"]: answer for answer in mcp_answers(cli, lines)}
     for ident, field in {2: "summary", 3: "r\ufffdle"}.items():
         result = by_id[ident]["result"]
         assert result["isError"] is True, result
@@ -91,7 +74,7 @@ def test_half_a_surrogate_pair_in_a_tool_call_is_refused_naming_the_field(
         assert content["message"].startswith(f"{field}: holds half a surrogate pair"), content
         assert "send both halves" in content["message"], content
     assert by_id[4]["result"]["isError"] is False, by_id[4]
-    assert _reports(workdir) == ["whole \U0001f600"]
+    assert report_summaries(workdir) == ["whole \U0001f600"]
 
 
 def test_tools_before_initialize_are_answered_naming_what_to_send_first(
@@ -102,11 +85,11 @@ def test_tools_before_initialize_are_answered_naming_what_to_send_first(
         tool_call(2, '{"name":"report","arguments":{"ok":true,"summary":"early"}}'),
         '{"jsonrpc":"2.0","id":3,"method":"ping"}',
     ]
-    by_id = {answer["id"]: answer for answer in _answers(cli, lines)}
+    by_id = {answer["id"]: answer for answer in mcp_answers(cli, lines)}
     for ident, method in {1: "tools/list", 2: "tools/call"}.items():
         error = by_id[ident]["error"]
         assert error["code"] == -32602, error  # the SDK's code: the MCP spec names none
         assert error["message"].startswith(f"Invalid params: {method} before initialize"), error
         assert "send initialize first" in error["message"], error
     assert by_id[3]["result"] == {}
-    assert _reports(workdir) == []
+    assert report_summaries(workdir) == []
