@@ -16,6 +16,8 @@ import functools
 import hashlib
 import json
 import re
+import sys
+import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -495,6 +497,40 @@ def without_ignorable(name: str) -> str:
     holds one (letters, digits, `_`, `.`, `-`), so two agents never become one by it. Not for
     text an agent reads: there a variation selector or a joiner is part of an emoji."""
     return _IGNORABLE.sub("", name)
+
+
+def folded(text: str) -> str:
+    """`text` as a person means it, the one rule for every word a chat member types that is
+    compared with one of ours: an option of `/taskcard` (the subcommand, `orchestrator`'s
+    `off`, an option glued after a Feishu app's CJK name, `typed_name_of`), its numbers and
+    an agent's name. Without the invisible characters pasted with it (`without_ignorable`),
+    in its compatibility form (NFKC: a phone keyboard's full-width `ＯＦＦ` is `off`, `５` is
+    `5`, a Kelvin sign a `K`), case folded and composed again (a folded letter may decompose:
+    `ǰ`), which is Unicode's identifier caseless match. A digit of another script
+    (Arabic-Indic `٣`) has no compatibility form: it stays itself."""
+    bare = unicodedata.normalize("NFKC", without_ignorable(text))
+    return unicodedata.normalize("NFKC", bare.casefold())
+
+
+@functools.cache
+def _folding_to() -> dict[str, str]:
+    """Each ASCII letter and digit with every character that `folded` reads as it alone (a
+    regular expression's character class, escaped): `o` with `O`, `ｏ`, `Ｏ`, `ᵒ`, ... Built
+    once, on first use, by folding every code point (about a third of a second)."""
+    found: dict[str, list[str]] = {}
+    for code in range(sys.maxunicode + 1):
+        read = folded(chr(code))
+        if len(read) == 1 and read.isascii() and read.isalnum():
+            found.setdefault(read, []).append(chr(code))
+    return {read: "[" + "".join(map(re.escape, chars)) + "]" for read, chars in found.items()}
+
+
+def folding_pattern(word: str) -> str:
+    """A regular expression's source matching the text that `folded` reads as `word` (ASCII
+    letters and digits), one character for each of its own: `off` typed `ＯＦＦ` or `Off`.
+    For a word that must be found in a text as typed (a pattern cannot fold it first)."""
+    classes = _folding_to()
+    return "".join(classes.get(char, re.escape(char)) for char in word)
 
 
 # The words `/taskcard` takes as its option (`bridge.run.commands` reads them; a Feishu

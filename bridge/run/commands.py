@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from taskcard.bridge.store.sqlite import ChatPrefs
-from taskcard.channels.base import TASKCARD_WORDS, without_ignorable
+from taskcard.channels.base import TASKCARD_WORDS, folded
 
 MIN_ROWS: Final = 1
 MAX_ROWS: Final = 10
@@ -45,16 +45,6 @@ class TaskcardCommand:
     action: TaskcardAction
     rows: int | None = None
     agent: str | None = None
-
-
-def folded(text: str) -> str:
-    """`text` as a person means it, the one rule for every option word of `/taskcard` (the
-    subcommand, `orchestrator`'s `off`) and its numbers: in its compatibility form (NFKC: a
-    phone keyboard's full-width `ＯＦＦ` is `off`, `５` is `5`, as agents' names are read),
-    case folded, without the invisible characters pasted with it (`without_ignorable`).
-    A digit of another script (Arabic-Indic `٣`) has no compatibility form: it stays
-    itself, and is answered as an ASCII mistake is (`suggestion`, `rows_out_of_range`)."""
-    return unicodedata.normalize("NFKC", without_ignorable(text)).casefold()
 
 
 def _words(args: str) -> list[tuple[str, str]]:

@@ -55,6 +55,7 @@ from taskcard.channels.base import (
     command_to_mentioned,
     drop_leading,
     first_word,
+    folding_pattern,
     other_bots_command,
     shown,
     shows_reordered,
@@ -266,16 +267,17 @@ def typed_name_of(bot_name: str | None) -> str | None:
 
     A name ending in a CJK character (`任务卡片`) is also read with an option of `/taskcard`
     glued after it (`/taskcard@任务卡片off`, `TASKCARD_WORDS`): Chinese and Japanese text
-    has no spaces, so a person types none there. Only an option, a whole word: a longer
-    name (`任务卡片助手`, `任务卡片Pro`) is still another app's."""
+    has no spaces, so a person types none there. The option is read as every option is
+    (`folded`: `任务卡片ＯＦＦ` typed full-width is `off`). Only an option, a whole word: a
+    longer name (`任务卡片助手`, `任务卡片Pro`, `任务卡片Ｐｒｏ`) is still another app's."""
     words = shown(bot_name or "").split()
     if not words:
         return None
     name = "(?i:@" + "\\s+".join(re.escape(word) for word in words) + ")"
     if unicodedata.east_asian_width(words[-1][-1]) not in ("W", "F"):
         return name + "(?!\\w)"
-    options = "|".join(sorted(TASKCARD_WORDS, key=len, reverse=True))
-    return name + f"(?:(?!\\w)|(?=(?i:{options})(?!\\w)))"
+    options = "|".join(folding_pattern(word) for word in sorted(TASKCARD_WORDS, key=len)[::-1])
+    return name + f"(?:(?!\\w)|(?=(?:{options})(?!\\w)))"
 
 
 def addressing_pattern(keys: tuple[str, ...], bot_name: str | None) -> re.Pattern[str] | None:

@@ -172,6 +172,30 @@ async def test_a_feishu_app_with_a_cjk_name_is_addressed_with_the_option_glued(
             assert await chat.serve.aterminate() == 0
 
 
+async def test_a_full_width_option_glued_after_a_cjk_app_name_is_the_option(
+    tmp_path: Path,
+) -> None:
+    # `@任务卡片off` was read but `@任务卡片ＯＦＦ` (a phone keyboard in full-width mode) was
+    # not: the option glued after the name was compared as typed. It is read by the one
+    # folding rule of every option (`commands.folded`); another app's longer name, also
+    # typed full-width (`任务卡片Ｐｒｏ`), is still not ours.
+    async with chat_for("feishu", tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, FeishuChat)
+        chat.fake.app_name = "任务卡片"
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say("@任务卡片Ｐｒｏ /taskcard 5", mention=False)
+            await chat.say("/taskcard@任务卡片Ｐｒｏ 4", mention=False)
+            await chat.say("/taskcard@任务卡片ＯＦＦ", mention=False)
+            await wait_said(chat, "Task cards hidden here", "the answer to the full-width option")
+            await chat.say("/taskcard@任务卡片ｏｎ", mention=False)
+            await wait_said(chat, "Task cards shown here", "the answer to the lower-case one")
+            said = chat.bot_texts()
+            assert not any("activity rows" in t or "Unknown" in t for t in said), said
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_the_app_name_typed_addresses_a_command_as_its_picked_mention(
     platform: str,  # noqa: F811 (the imported fixture)
     tmp_path: Path,
