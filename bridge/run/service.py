@@ -146,6 +146,7 @@ from taskcard.channels.base import (
     Outgoing,
     RouteView,
     counted,
+    folded,
     typed_form,
     without_ignorable,
 )
@@ -3431,11 +3432,11 @@ def _utf16_len(text: str) -> int:
 
 def matching_agents(name: str, agents: list[str]) -> list[str]:
     """The agents a typed `name` may mean: itself when it is one, else (without a trailing
-    `:` or `,`, as in "builder: hi") every one that equals it once both are folded
-    (`_folded_name`): a person does not expect case to matter in a name, nor the width a
-    phone's keyboard typed it in (`ｂｕｉｌｄｅｒ`), nor the invisible characters pasted with it
-    (an emoji's variation selector). A look-alike from another script (a Cyrillic "е" for
-    an "e") folds to itself and names no agent."""
+    `:` or `,`, as in "builder: hi") every one that equals it once both are `folded` (the
+    one rule of every word typed): a person does not expect case to matter in a name,
+    nor the width a phone's keyboard typed it in (`ｂｕｉｌｄｅｒ`), nor the invisible
+    characters pasted with it (an emoji's variation selector). A look-alike from another
+    script (a Cyrillic "е" for an "e") folds to itself and names no agent."""
     if name in agents:
         return [name]
     # "builder: hi" addresses builder; no id holds either mark. In its compatibility form
@@ -3445,15 +3446,8 @@ def matching_agents(name: str, agents: list[str]) -> list[str]:
     name = unicodedata.normalize("NFKC", without_ignorable(name)).rstrip(":,")
     if name in agents:
         return [name]
-    folded = _folded_name(name)
-    return [agent for agent in agents if _folded_name(agent) == folded]
-
-
-def _folded_name(name: str) -> str:
-    """`name` in its compatibility form (NFKC: full-width letters, ligatures, a Kelvin sign
-    read as the letters they stand for), case folded, and composed again (a folded letter
-    may decompose): two names people read as the same fold alike."""
-    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", name).casefold())
+    read = folded(name)
+    return [agent for agent in agents if folded(agent) == read]
 
 
 def _same_but_case(names: list[str], usage: str = "/tell AGENT TEXT") -> str:

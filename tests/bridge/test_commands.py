@@ -25,7 +25,7 @@ from taskcard.bridge.run.commands import (
     suggestion,
     without_mentions,
 )
-from taskcard.bridge.run.service import Service
+from taskcard.bridge.run.service import Service, matching_agents
 from taskcard.bridge.schedule.scheduler import RouteKey
 from taskcard.bridge.store.sqlite import ChatPrefs, SqliteStore
 from taskcard.channels.base import (
@@ -40,6 +40,7 @@ from taskcard.channels.base import (
     RateScope,
     ReplyTo,
     SentAs,
+    folded,
 )
 
 
@@ -369,3 +370,13 @@ async def test_a_reply_while_the_state_is_unreadable_is_told_to_send_it_again(
     await running.command("help")  # answered after the second reply: that one was read
     texts = await running.replies(2)
     assert len(texts) == 2 and texts[1].startswith("Task card commands here"), texts
+
+
+def test_one_folding_rule_reads_options_and_agents_names_alike() -> None:
+    # The service folded agents' names by a rule of its own (composed again after case
+    # folding), close to the options' but not the same; `folded` is now both's. A name
+    # typed full-width with a variation selector pasted after it is the agent's, and a
+    # letter that case folding decomposes (`ǰ`) reads the same whichever way it was typed.
+    assert matching_agents("ＢＵＩＬＤＥＲ\ufe0f", ["builder", "keeper"]) == ["builder"]
+    assert folded("ＯＦＦ\u200b") == "off"
+    assert folded("\u01f0") == folded("j\u030c") == "\u01f0"

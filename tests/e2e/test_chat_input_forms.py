@@ -177,7 +177,7 @@ async def test_a_full_width_option_glued_after_a_cjk_app_name_is_the_option(
 ) -> None:
     # `@任务卡片off` was read but `@任务卡片ＯＦＦ` (a phone keyboard in full-width mode) was
     # not: the option glued after the name was compared as typed. It is read by the one
-    # folding rule of every option (`commands.folded`); another app's longer name, also
+    # folding rule of every option (`channels.base.folded`); another app's longer name, also
     # typed full-width (`任务卡片Ｐｒｏ`), is still not ours.
     async with chat_for("feishu", tmp_path, ["builder"]) as chat:
         assert isinstance(chat, FeishuChat)
