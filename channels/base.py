@@ -422,6 +422,11 @@ class IncomingCommand:
     # show in another order than typed ("/taskcard", an override and "ffo" shows as "off").
     # The arguments are read as typed; an answer that they name nothing says so.
     reordered: bool = False
+    # True when the agent's name of a `/tell` was glued right after the app's name typed
+    # (Feishu, `/tell@任务卡片builder hi`: Chinese text has no space there). It may as well
+    # be a command to another app whose name is ours and more (`任务卡片Pro`): the service
+    # takes it only when the name is one of the chat's agents, and answers nothing else.
+    agent_glued: bool = False
 
     @property
     def writer(self) -> str | None:

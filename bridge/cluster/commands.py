@@ -151,6 +151,9 @@ RELAYED: dict[str, tuple[Callable[[object], bool], object]] = {
     "author_signature": (_text_or_none, None),
     # Without it every channel a member sent as in a group was one writer, the group's.
     "sent_as_chat": (_text_or_none, None),
+    # Without it a Feishu `/tell@任务卡片Pro hi` (another app's) was answered as one naming
+    # no agent by whichever instance read it from the stream.
+    "agent_glued": (_flag, False),
 }
 
 

@@ -2858,7 +2858,7 @@ class Service:
         ]
         if not chat_routes:
             return False
-        if command.command not in ("taskcard", "tell") or command.reply_to:
+        if command.command not in ("taskcard", "tell") or command.reply_to or command.agent_glued:
             return True
         if not any(may_command(r, command) for r in chat_routes):
             self._refuse(channel_name, command)
@@ -3194,6 +3194,8 @@ class Service:
         matches = matching_agents(name, here)
         if len(matches) == 1:
             return (matches[0],)
+        if not matches and command.agent_glued:
+            return None  # "/tell@任务卡片Pro hi": another app's name, not an agent of ours
         if self._owned is not None and not command.reply:
             return None  # clustered: the instance that claimed the reply refuses it, once
         if matches:

@@ -55,6 +55,7 @@ from taskcard.channels.base import (
     command_to_mentioned,
     drop_leading,
     first_word,
+    folded,
     folding_pattern,
     other_bots_command,
     shown,
@@ -258,6 +259,17 @@ def mentions_pattern(keys: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile(f"(?:(?:{alternatives})(?!\\d))+")
 
 
+def _name_typed(bot_name: str | None) -> tuple[str, bool] | None:
+    """The app's name typed after an `@` (a pattern's source, see `typed_name_of`) with
+    nothing after it, and whether it ends in a CJK character (wide or full-width), after
+    which a person glues the next word; None without a name."""
+    words = shown(bot_name or "").split()
+    if not words:
+        return None
+    name = "(?i:@" + "\\s+".join(re.escape(word) for word in words) + ")"
+    return name, unicodedata.east_asian_width(words[-1][-1]) in ("W", "F")
+
+
 def typed_name_of(bot_name: str | None) -> str | None:
     """The app's name typed after an `@` (a pattern's source), as a person writes it without
     picking the mention from the list: then Feishu lists no mention and the text keeps the
@@ -269,15 +281,53 @@ def typed_name_of(bot_name: str | None) -> str | None:
     glued after it (`/taskcard@任务卡片off`, `TASKCARD_WORDS`): Chinese and Japanese text
     has no spaces, so a person types none there. The option is read as every option is
     (`folded`: `任务卡片ＯＦＦ` typed full-width is `off`). Only an option, a whole word: a
-    longer name (`任务卡片助手`, `任务卡片Pro`, `任务卡片Ｐｒｏ`) is still another app's."""
-    words = shown(bot_name or "").split()
-    if not words:
+    longer name (`任务卡片助手`, `任务卡片Pro`, `任务卡片Ｐｒｏ`) is still another app's. (An
+    agent's name glued after it is read by `tell_glued_to_name`.)"""
+    typed = _name_typed(bot_name)
+    if typed is None:
         return None
-    name = "(?i:@" + "\\s+".join(re.escape(word) for word in words) + ")"
-    if unicodedata.east_asian_width(words[-1][-1]) not in ("W", "F"):
+    name, cjk = typed
+    if not cjk:
         return name + "(?!\\w)"
     options = "|".join(folding_pattern(word) for word in sorted(TASKCARD_WORDS, key=len)[::-1])
     return name + f"(?:(?!\\w)|(?=(?:{options})(?!\\w)))"
+
+
+# An agent's name as `folded` reads it (`bridge.config.AGENT_ID_PATTERN`, case folded): what
+# may follow a CJK app's name glued in a `/tell` (`tell_glued_to_name`).
+_FOLDED_AGENT = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
+
+def tell_glued_to_name(
+    text: str, mention_keys: tuple[str, ...], bot_name: str | None
+) -> str | None:
+    """The arguments of `/tell@NAMEAGENT TEXT`, where NAME is the app's name ending in a CJK
+    character and AGENT a word glued after it that could be an agent's name (`folded`, it is
+    one: ASCII letters, digits, `_`, `.`, `-`, typed full-width too): `/tell@任务卡片builder
+    hi` is `builder hi`, as Chinese text has no space after the name. None for any other
+    text. It may as well be a command to another app whose name is longer than ours
+    (`任务卡片Pro`): the command says so (`IncomingCommand.agent_glued`), and the service
+    takes it only when AGENT names an agent of the chat."""
+    typed = _name_typed(bot_name)
+    if typed is None or not typed[1]:
+        return None
+    mention = addressing_pattern(mention_keys, bot_name)
+    if mention is not None:
+        text = drop_leading(text, mention)
+    name = re.compile(typed[0])
+    for command, glued, rest in command_readings(text, "/" + FULL_WIDTH_SLASH):
+        if "/" + command.lower() != TELL:
+            continue
+        after = glued + rest
+        found = name.match(after)
+        if found is None or found.end() == len(after) or after[found.end()].isspace():
+            continue
+        after = after[found.end() :]
+        agent = first_word(after)[0].partition("@")[0]  # "builder@任务卡片": the bot again
+        if _FOLDED_AGENT.fullmatch(folded(agent)) is None:
+            continue
+        return command_arguments(after, tell=True, bot=mention)
+    return None
 
 
 def addressing_pattern(keys: tuple[str, ...], bot_name: str | None) -> re.Pattern[str] | None:
@@ -585,6 +635,10 @@ def command_from_event(
     args = command_args(text, mention_keys, COMMAND, bot_name) if commanded else None
     if args is None and commanded:
         name, args = "tell", command_args(text, mention_keys, TELL, bot_name)
+    # "/tell@任务卡片builder hi": the name typed addresses it, with the agent's glued after.
+    agent_glued = False
+    if args is None and (glued := tell_glued_to_name(text, mention_keys, bot_name)) is not None:
+        name, args, agent_glued, addressed = "tell", glued, True, True
     if args is None:
         if not reply_to:
             return None
@@ -614,6 +668,7 @@ def command_from_event(
         message_thread=thread_id if in_thread else None,
         in_thread=in_thread and bool(reply_to) and _threads_root(message) == reply_to[0],
         reordered=name != "reply" and shows_reordered(text),
+        agent_glued=agent_glued,
     )
 
 

@@ -284,11 +284,35 @@ def test_the_app_name_typed_in_a_group(text: str, expected: tuple[str, str] | No
         ("/taskcard@任务卡片助手 off", None),
         ("@任务卡片助手/taskcard off", None),
         ("@任务卡片off", None),  # no command
+        ("/taskcard@任务卡片ＯＦＦ", ("taskcard", "ＯＦＦ")),
+        ("@任务卡片ｏｆｆ/taskcard", None),  # an option glued, then a command: no option
+        ("/taskcard@任务卡片Ｐｒｏ off", None),
+        ("/taskcard@任务卡片ｏｆｆｌｉｎｅ", None),
     ],
 )
 def test_a_cjk_app_name_typed_in_a_group(text: str, expected: tuple[str, str] | None) -> None:
     found = command_from_event(event(text, mentions=[]), BOT, "任务卡片")
     assert (None if found is None else (found.command, found.args)) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/tell@任务卡片builder hi", ("builder hi", True)),
+        ("/tell@任务卡片ｂｕｉｌｄｅｒ\nhi", ("ｂｕｉｌｄｅｒ\nhi", True)),
+        ("/tell@任务卡片 builder hi", ("builder hi", False)),
+        ("/tell@任务卡片助手builder hi", None),
+        ("/tell@任务卡片builder", ("builder", True)),
+        ("/tell@任务卡片builder@任务卡片 hi", ("builder hi", True)),
+        ("hi /tell@任务卡片builder hi", None),
+    ],
+)
+def test_an_agents_name_glued_after_a_cjk_app_name(
+    text: str, expected: tuple[str, bool] | None
+) -> None:
+    found = command_from_event(event(text, mentions=[]), BOT, "任务卡片")
+    assert (None if found is None else (found.args, found.agent_glued)) == expected
+    assert found is None or found.command == "tell"
 
 
 def test_a_reply_names_the_message_it_answers_not_the_root_of_its_chain() -> None:

@@ -56,7 +56,7 @@ def test_every_field_but_the_instances_own_crosses_the_relay() -> None:
         ChatRef("oc_1", "t1"), "words", "ou_7", "om_2", "Fleet", command="reply",
         reply_to=("om_1", "om_0"), message_thread="omt_1", in_thread=True, sent_as="admin",
         reordered=True, replied_author_unknown=True, author_name="Ann", author_signature="Ann",
-        sent_as_chat="-1009",
+        sent_as_chat="-1009", agent_glued=True,
     )  # fmt: skip
     changed = [f.name for f in dataclasses.fields(command) if getattr(command, f.name) == f.default]
     assert changed == ["reply"]  # every other field differs from its default, and is checked

@@ -243,6 +243,43 @@ async def test_the_app_name_typed_addresses_a_command_as_its_picked_mention(
             assert await chat.serve.aterminate() == 0
 
 
+async def test_an_agents_name_glued_after_the_app_name_is_a_tell_to_it(
+    platform: str,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
+) -> None:
+    # Chinese text has no spaces: `/tell@任务卡片builder hi`, the app's CJK name typed with
+    # the agent's name glued after it, went unanswered. It is `/tell builder hi` when the
+    # glued word names an agent of the chat (full-width too); otherwise it may be another
+    # app's longer name (`任务卡片Pro`), and is no one's to answer. On Telegram a username
+    # is ASCII as an agent's name is: `/tell@ThisBotbuilder` names another bot, never ours
+    # (`/tell@ThisBot builder` is the form), so only the Feishu form is read.
+    async with chat_for(platform, tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, TelegramChat | FeishuChat)
+        if isinstance(chat, FeishuChat):
+            chat.fake.app_name = "任务卡片"
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            if isinstance(chat, FeishuChat):
+                await chat.say("/tell@任务卡片Pro three", mention=False)
+                await chat.say("/tell@任务卡片助手builder four", mention=False)
+                await chat.say("/tell@任务卡片builder one", mention=False)
+                await chat.say("／tell@任务卡片ｂｕｉｌｄｅｒ\ntwo", mention=False)
+            else:
+                name = chat.fake.username
+                await chat.say(f"/tell@{name}builder three")
+                await chat.say(f"/tell@{name} builder one")
+                await chat.say(f"/tell@{name.upper()}@{name} builder\ntwo")
+            await eventually(lambda: len(queued(tmp_path)) == 2, what="the two texts")
+            await chat.say("/taskcard 4")
+            await wait_said(chat, "now show 4 activity rows", "the answer after them")
+            texts = sorted(json.loads(p.read_text())["text"] for p in queued(tmp_path))
+            assert texts == ["one", "two"], texts
+            said = chat.bot_texts()
+            assert not any("AGENT" in t or "mention" in t for t in said), said
+            assert await chat.serve.aterminate() == 0
+
+
 async def say_after_two_mentions(chat: FeishuChat | TelegramChat, text: str) -> None:
     """`text` led by two mentions of the bot, as a person picks them: on Telegram the
     username typed twice, on Feishu two mentions listed with the event, one key each."""
