@@ -787,6 +787,15 @@ class Channel(ABC):
     async def stop(self) -> None:
         """Stop receiving, cancel and await background work, release connections."""
 
+    def topic_name(self, chat: ChatRef) -> str | None:
+        """The name of the topic `chat` names (its `thread_id`), when the platform told it
+        and the channel has seen it since it started: untrusted text (any member may name a
+        topic), cleaned for the service to quote in its own words, never markup, a mention
+        or a command. None otherwise: then the topic is named by its thread id. Only
+        Telegram's forum topics have names; a Feishu thread has none."""
+        del chat
+        return None
+
     @abstractmethod
     def render_card(self, view: CardView) -> Outgoing:
         """The resident message for `view`, always within the platform's bound."""

@@ -606,6 +606,9 @@ class ClusteredChannel(Channel):
     def board_fits(self, view: BoardView) -> bool:
         return self._inner.board_fits(view)
 
+    def topic_name(self, chat: ChatRef) -> str | None:
+        return self._inner.topic_name(chat)
+
     def render_text(self, text: str) -> Outgoing:
         return self._inner.render_text(text)
 

@@ -243,6 +243,9 @@ class MeteredChannel(Channel):
     def board_fits(self, view: BoardView) -> bool:
         return self.inner.board_fits(view)
 
+    def topic_name(self, chat: ChatRef) -> str | None:
+        return self.inner.topic_name(chat)
+
     def rate_scopes(
         self, chat: ChatRef, operation: Operation, message_id: str | None
     ) -> tuple[RateScope, ...]:

@@ -328,30 +328,36 @@ def cards_where(command: IncomingCommand, routes: list[Route]) -> str:
 NAMED_TOPICS = 8
 
 
-def no_cards_here(command: IncomingCommand, routes: list[Route]) -> str:
+def no_cards_here(
+    command: IncomingCommand,
+    routes: list[Route],
+    topic_name: Callable[[ChatRef], str | None] = lambda chat: None,
+) -> str:
     """The answer to a command from the part of a Telegram forum chat that no route follows
     (a topic with no route of its own, or the General topic) while `routes`, the chat's
     other routes, follow topics of it: the chat is one the service serves, so the command is
     answered rather than ignored as one from a chat it does not know. It names the topics
-    that have cards, by thread id (the service is not told a topic's name), and the route
-    that would give this part of the chat cards of its own."""
+    that have cards by their names where the channel has seen them (`topic_name`,
+    `Channel.topic_name`: cleaned, quoted), else by thread id, and the route that would give
+    this part of the chat cards of its own (by its thread id, which the route takes)."""
     topics = sorted({r.key.chat.thread_id or "" for r in routes} - {""}, key=lambda t: (len(t), t))
-    named = [f"topic {topic}" for topic in topics[:NAMED_TOPICS]]
+    chat, thread = command.chat.chat_id, command.chat.thread_id
+    names = {topic: topic_name(ChatRef(chat, topic)) for topic in topics[:NAMED_TOPICS]}
+    named = [f'topic "{name}"' if name else f"topic {topic}" for topic, name in names.items()]
     if len(topics) > NAMED_TOPICS:
         named.append(counted(len(topics) - NAMED_TOPICS, "other topic", "other topics"))
     places = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
-    chat, thread = command.chat.chat_id, command.chat.thread_id
+    if not any(names.values()):
+        places += " (by thread id)"
     if thread is None:
         return (
-            f"No task cards in this chat's General topic: this chat's are in {places} (by"
-            f" thread id). For cards here, whoever runs the task card service adds a route"
-            f" for chat {chat} without a thread_id (it also serves every topic without a"
-            " route of its own)."
+            f"No task cards in this chat's General topic: this chat's are in {places}. For"
+            f" cards here, whoever runs the task card service adds a route for chat {chat}"
+            " without a thread_id (it also serves every topic without a route of its own)."
         )
     return (
-        f"No task cards in this topic: this chat's are in {places} (by thread id). For cards"
-        f" here, whoever runs the task card service adds a route for chat {chat} with"
-        f" thread_id = {thread}."
+        f"No task cards in this topic: this chat's are in {places}. For cards here, whoever"
+        f" runs the task card service adds a route for chat {chat} with thread_id = {thread}."
     )
 
 
@@ -2865,7 +2871,7 @@ class Service:
             return True
         if not command.reply or self._told_lately(self._hinted, channel_name, command):
             return True
-        text = no_cards_here(command, chat_routes)
+        text = no_cards_here(command, chat_routes, self._channels[channel_name].topic_name)
         outgoing = self._render_text(self._channels[channel_name], text, own=True)
         self._answer(channel_name, command.chat, outgoing, command)
         return True

@@ -43,6 +43,7 @@ from taskcard.channels.telegram.commands import (
     CommandPoller,
     FloodAwarePollRequest,
     LeanPollRequest,
+    TopicNames,
     moved_command,
 )
 from taskcard.channels.telegram.config import TelegramConfig
@@ -157,6 +158,7 @@ class TelegramChannel(Channel):
         self._redactor = _TokenRedactor(token)
         self.ambiguous_send_hold_s = config.ambiguous_send_hold_s
         self._moves = moves.ChatMoves(cursor)
+        self._topics = TopicNames()
         self._on_command: CommandSink | None = None
         self._bot_scope = config.limits.bot.scope(BOT_SCOPE_KEY)
         self._message_scopes: dict[tuple[str, str | None], tuple[RateScope, ...]] = {}
@@ -240,6 +242,7 @@ class TelegramChannel(Channel):
                 self._config.poll_timeout_s,
                 gate=self.poll_gate,
                 moves=self._moves,
+                topics=self._topics,
             )
             self._poll_task = asyncio.create_task(poller.run(), name="telegram-command-poll")
 
@@ -293,6 +296,15 @@ class TelegramChannel(Channel):
     def _remove_redactor(self) -> None:
         for name in _URL_LOGGERS:
             logging.getLogger(name).removeFilter(self._redactor)
+
+    def topic_name(self, chat: ChatRef) -> str | None:
+        """The forum topic's name as the poll last saw it (`TopicNames`), cleaned, with any
+        `@` or `/` in it defused: a name is a member's text, never a mention or a tappable
+        command in the service's words."""
+        if chat.thread_id is None:
+            return None
+        name = self._topics.get(chat.chat_id, chat.thread_id)
+        return None if name is None else render.defuse_mentions(render.RichText(name)).text
 
     def render_card(self, view: CardView) -> Outgoing:
         return render.render_card(view)

@@ -18,6 +18,7 @@ import asyncio
 import copy
 import logging
 import re
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -43,6 +44,7 @@ from taskcard.channels.base import (
     first_word,
     other_bots_command,
     shows_reordered,
+    without_ignorable,
 )
 from taskcard.channels.telegram.http11 import LeanRequest
 from taskcard.channels.telegram.moves import ChatMoves, qualified
@@ -484,6 +486,67 @@ def as_original(command: IncomingCommand, moves: ChatMoves) -> IncomingCommand:
     )
 
 
+# At most this many forum topics' names are kept, the oldest learnt going first; a name at
+# most this many characters (Telegram allows 128), cut with "…".
+TOPIC_NAMES_KEPT = 4096
+TOPIC_NAME_CHARS = 64
+
+
+def cleaned_topic_name(name: object) -> str | None:
+    """A forum topic's name (any member with the right may set one: untrusted) as a chat
+    is shown it in the service's words: on one line (a control or other character that
+    shows as nothing is a space, or nothing when invisible), white space collapsed, at most
+    `TOPIC_NAME_CHARS` characters. None for no name, or one that shows nothing."""
+    if not isinstance(name, str):
+        return None
+    bare = without_ignorable(name)
+    one_line = " ".join("".join(char if char.isprintable() else " " for char in bare).split())
+    if len(one_line) > TOPIC_NAME_CHARS:
+        one_line = one_line[: TOPIC_NAME_CHARS - 1].rstrip() + "…"
+    return one_line or None
+
+
+class TopicNames:
+    """The forum topics' names the poll has seen, by (chat id, thread id): the platform
+    tells a bot a topic's name when it is opened (`forum_topic_created`) or renamed
+    (`forum_topic_edited`), service messages every bot gets, and with every message in a
+    topic that replies to nothing else (its `reply_to_message` is the message that opened
+    the topic, with the name it was opened with: a name learnt otherwise is newer, and
+    stays). Kept in memory, `TOPIC_NAMES_KEPT` at most: a topic not seen since the service
+    started is named by its thread id."""
+
+    def __init__(self) -> None:
+        self._names: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    def get(self, chat_id: str, thread_id: str) -> str | None:
+        return self._names.get((chat_id, thread_id))
+
+    def learn(self, message: Message, chat_id: str) -> None:
+        """Learn a name from `message` (of chat `chat_id`, as the service names the chat)."""
+        if not message.is_topic_message or message.message_thread_id is None:
+            return
+        key = (chat_id, str(message.message_thread_id))
+        named: str | None
+        if message.forum_topic_created is not None:
+            named, newer = message.forum_topic_created.name, True
+        elif message.forum_topic_edited is not None:
+            named, newer = message.forum_topic_edited.name, True
+        elif (opened := message.reply_to_message) is not None and (
+            opened.forum_topic_created is not None
+            and opened.message_id == message.message_thread_id
+        ):
+            named, newer = opened.forum_topic_created.name, key not in self._names
+        else:
+            return
+        name = cleaned_topic_name(named)
+        if name is None or not newer:
+            return
+        self._names[key] = name
+        self._names.move_to_end(key)
+        while len(self._names) > TOPIC_NAMES_KEPT:
+            self._names.popitem(last=False)
+
+
 def poll_backoff() -> Backoff:
     """Between failed polls (so an outage is not a busy loop): 0.5 s doubling to 30 s."""
     return Backoff(initial_s=0.5, max_s=30.0)
@@ -502,6 +565,7 @@ class CommandPoller:
         backoff: Backoff | None = None,
         gate: PollGate | None = None,
         moves: ChatMoves | None = None,
+        topics: TopicNames | None = None,
     ) -> None:
         self._bot = bot
         self._username = bot_username
@@ -511,6 +575,7 @@ class CommandPoller:
         self._backoff = backoff or poll_backoff()
         self._gate = gate
         self._moves = moves
+        self._topics = topics
 
     def _stored_offset(self) -> int | None:
         raw = self._cursor.get_cursor(OFFSET_CURSOR_KEY)
@@ -602,6 +667,11 @@ class CommandPoller:
     def _command_in(self, update: Update) -> IncomingCommand | None:
         """The command `update` brings, seen from the group a supergroup was (if it was)."""
         command = command_from_update(update, self._username)
+        message = update.message
+        if self._topics is not None and message is not None:
+            chat_id = str(message.chat.id)
+            original = self._moves.original(chat_id) if self._moves is not None else None
+            self._topics.learn(message, original or chat_id)
         if self._moves is not None:
             move = move_in(update)
             if move is not None and self._moves.learn(*move):

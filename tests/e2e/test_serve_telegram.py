@@ -644,6 +644,52 @@ async def test_a_command_from_a_topic_no_route_follows_says_where_the_cards_are(
         assert await serve.aterminate() == 0
 
 
+async def test_the_topics_that_have_cards_are_named_by_their_names(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # The answer from a topic no route follows named the topics that have cards by thread id
+    # alone, though Telegram tells a bot a topic's name: when it is opened or renamed (service
+    # messages), and with every message in it (replying to the message that opened it). Named
+    # so now, cleaned (one line, 64 characters, never a mention or a command), and by thread
+    # id while no name was seen; a rename wins over the name the topic was opened with.
+    hostile = "Deploy <b>now</b>\x07\u200b  @alice /start " + "x" * 80
+    deploy = fake.create_topic(GROUP, hostile)
+    qa = fake.create_topic(GROUP, "QA", announced=False)  # opened before the bot was there
+    lobby = fake.create_topic(GROUP, "Lobby")
+    serve = setup(tmp_path, fake, ["builder", "tester"], [])
+    config = tmp_path / "taskcard.toml"
+    for thread, agent in ((deploy, "builder"), (qa, "tester")):
+        topic = (
+            f'[[telegram.routes]]\nchat_id = {GROUP}\nthread_id = {thread}\nagents = ["{agent}"]\n'
+        )
+        config.write_text(config.read_text() + topic)
+
+    def answers(thread: int | None) -> list[str]:
+        return [m.text for m in fake.bot_messages(GROUP, thread) if m.thread_id == thread]
+
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "body")
+        publish(agent_dir(tmp_path, "tester"), "checks")
+        await eventually(lambda: len(shown(fake, GROUP)) == 2, what="both topics' cards")
+        fake.inject_command(GROUP, "/taskcard", thread_id=lobby)
+        [first] = await eventually(lambda: answers(lobby), what="the answer in the lobby")
+        assert first.startswith("No task cards in this topic: this chat's are in topic \"Deploy")
+        assert f'…" and topic {qa}. For cards here' in first, first
+        assert "<b>now</b>" in first and "\x07" not in first and "\u200b " not in first
+        assert "@alice" not in first and "/start" not in first  # defused: no mention, command
+        # A command in the QA topic carries the message that opened it, named "QA".
+        fake.inject_command(GROUP, "/taskcard", thread_id=qa)
+        await eventually(lambda: answers(qa), what="the QA topic's answer")
+        fake.edit_topic(GROUP, qa, "QA nightly")
+        fake.inject_command(GROUP, "/taskcard", thread_id=qa)  # still replies to "QA"
+        await eventually(lambda: len(answers(qa)) == 2, what="the QA topic's second answer")
+        fake.inject_command(GROUP, "/taskcard")
+        [general] = await eventually(lambda: answers(None), what="the answer in General")
+        assert '…" and topic "QA nightly". For cards here' in general, general
+        assert "by thread id" not in general
+        assert await serve.aterminate() == 0
+
+
 async def test_a_routed_channel_is_commanded_by_its_posts(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:

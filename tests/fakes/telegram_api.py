@@ -316,6 +316,10 @@ class FakeTelegram:
         # Public chats by lower-case username: (id, type, username as set, bot is a member).
         self._public: dict[str, tuple[int, str, str, bool]] = {}
         self._deleted_topics: set[tuple[int, int]] = set()
+        # Forum topics opened with `create_topic`, by (chat, thread id): the service message
+        # that opened each (`forum_topic_created`), which Telegram gives every message in the
+        # topic that replies to nothing else as its `reply_to_message`.
+        self._topics: dict[tuple[int, int], Json] = {}
         # Channels by id: their title. Every message there is the channel's post.
         self._channels: dict[int, str] = {}
         self._windows: dict[str, _SlidingWindow] = {}
@@ -487,6 +491,38 @@ class FakeTelegram:
         self._kicked.discard(int(chat_id))
         self._blocked.discard(int(chat_id))
 
+    def create_topic(
+        self, chat_id: int | str, name: str, user_id: int = 1000, announced: bool = True
+    ) -> int:
+        """A person opens a forum topic named `name`: its thread id is the id of the service
+        message that opened it (`forum_topic_created`, delivered as an update as Telegram
+        delivers it, privacy mode or not; not `announced`: opened before the bot was in the
+        chat, so no update comes). Returns the thread id."""
+        chat = int(chat_id)
+        thread = self._allocate_id(chat)
+        stored = StoredMessage(chat, thread, "", [], thread, from_bot=False, date=self._date())
+        opened = self._message_json(stored, user_id=user_id)
+        del opened["text"]
+        opened["forum_topic_created"] = {"name": name, "icon_color": 7322096}
+        self._topics[(chat, thread)] = opened
+        if announced:
+            self._push_update({"message": opened})
+        return thread
+
+    def edit_topic(self, chat_id: int | str, thread_id: int, name: str) -> int:
+        """A person renames forum topic `thread_id`: the service message `forum_topic_edited`
+        (`name`, the new one) comes in the topic as an update. Returns the update id."""
+        chat = int(chat_id)
+        stored = StoredMessage(
+            chat, self._allocate_id(chat), "", [], thread_id, from_bot=False, date=self._date()
+        )
+        edited = self._message_json(stored, user_id=1000)
+        del edited["text"]
+        edited["forum_topic_edited"] = {"name": name}
+        # The message that opened the topic stays as it was: the messages in the topic go on
+        # replying to it, with the name the topic was opened with.
+        return self._push_update({"message": edited})
+
     def delete_topic(self, chat_id: int | str, thread_id: int) -> None:
         self._deleted_topics.add((int(chat_id), thread_id))
 
@@ -598,6 +634,8 @@ class FakeTelegram:
             message["reply_to_message"] = self._message_json(
                 self._existing(chat, reply_to, "Bad Request: message to be replied not found")
             )
+        elif thread_id is not None and (opened := self._topics.get((chat, thread_id))):
+            message["reply_to_message"] = opened  # in a topic, replying to nothing else
         if photo:
             message["caption"] = message.pop("text")
             if "entities" in message:

@@ -298,3 +298,19 @@ async def test_a_persons_commands_are_marked_in_utf16_units(text: str) -> None:
         assert all(entity["type"] == "bot_command" for entity in entities)
         marked = [_units(text, entity["offset"], entity["length"]) for entity in entities]
         assert marked == COMMANDS_MARKED[text], entities
+
+
+async def test_a_topic_is_named_as_telegram_names_it() -> None:
+    # Opening a topic is a service message (`forum_topic_created`) whose id is the topic's
+    # thread id; every message in it that replies to nothing else carries it; a rename is a
+    # `forum_topic_edited` service message, and the message that opened it stays as it was.
+    async with FakeTelegram() as fake:
+        thread = fake.create_topic(-100, "Deploy")
+        fake.inject_message(-100, "hi", thread_id=thread)
+        fake.edit_topic(-100, thread, "Deploy v2")
+        opened, said, renamed = (u["message"] for u in fake.pending_updates)
+        assert opened["message_id"] == opened["message_thread_id"] == thread
+        assert opened["forum_topic_created"]["name"] == "Deploy" and opened["is_topic_message"]
+        assert said["reply_to_message"] == opened
+        assert renamed["forum_topic_edited"] == {"name": "Deploy v2"}
+        assert renamed["message_thread_id"] == thread
