@@ -3332,6 +3332,12 @@ class Service:
         """The agents the routes here follow in chat `scope`."""
         return {r.key.agent_id for r in self._routes_by_scope.get(scope, ())}
 
+    def _served_here(self, scope: str) -> set[str]:
+        """The agents of `_followed` whose cards this instance keeps: clustered, those whose
+        lease it holds (a standby's other agents are another instance's, whose card it
+        neither reads nor sends, so what it knows of them is no answer)."""
+        return {agent for agent in self._followed(scope) if self._serves(agent)}
+
     async def _states_elsewhere(self, scope: str, marks: ChatMarks) -> dict[str, str]:
         """Clustered, a chat showing the board: the state of each agent another instance
         serves there, as its board line says (read when `/taskcard` asks, never
@@ -3339,7 +3345,7 @@ class Service:
         Redis does not answer: the answer names those agents without it."""
         if self._shared_boards is None or self._views.view(scope) != "board":
             return {}
-        if not marks.followed - self._followed(scope):
+        if not marks.followed - self._served_here(scope):
             return {}
         lines = await self._shared_boards.peek(scope) or {}
         return {
@@ -3366,10 +3372,11 @@ class Service:
         entries: list[str] = []
         scope = routes[0].key.chat_scope
         orchestrator = self._orchestrator_of(scope, marks)
+        served = self._served_here(scope)
         for route in routes:
             monitor = self._monitors.get(route.key.agent_id)
-            if monitor is None:
-                continue
+            if monitor is None or route.key.agent_id not in served:
+                continue  # clustered, a standby's: listed below as another instance's
             card = monitor.card
             card_text = {
                 "active": "card active",
@@ -3392,8 +3399,8 @@ class Service:
                 summary = report_summary(report, LISTED_SUMMARY_CHARS, self._redact)
                 entry.append(f"  latest report ({when}): {said} {summary}".rstrip())
             entries.append("\n".join(entry))
-        for agent_id in sorted(marks.followed - self._followed(scope)):
-            # Clustered: an agent another instance routes here, whose state that one knows.
+        for agent_id in sorted(marks.followed - served):
+            # Clustered: an agent another instance serves here, whose state that one knows.
             role = " (orchestrator)" if agent_id == orchestrator else ""
             state = (elsewhere or {}).get(agent_id)
             said = "" if state is None else f"{state}; "

@@ -1767,3 +1767,45 @@ async def test_signed_posts_an_older_instance_relayed_keep_their_signers(
         assert said("Too many messages") == 1
         assert await serve.aterminate() == 0
     client.close()
+
+
+async def test_a_standbys_answer_to_taskcard_names_the_owners_agent_as_served_elsewhere(
+    tmp_path: Path, fake: FakeTelegram, redis_url: str, prefix: str, fleet: ExitStack
+) -> None:
+    """Two instances configured with the same agent and chat: the first serves it, the other
+    stands by. Whichever of them claims the answer to a `/taskcard`, the agent's card is
+    active; the standby, which reads no card of the agent, used to answer "no card
+    published" (found by following the operators' guide onto two instances)."""
+    owner = fleet.enter_context(
+        instance(tmp_path, "i0", fake, ["shared"], redis_url=redis_url, prefix=prefix)
+    )
+    publish(tmp_path / "agents" / "shared", "the shared card")
+    await eventually(
+        lambda: any("the shared card" in t for t in shown(fake, GROUP)), timeout_s=60, what="card"
+    )
+    assert "agent shared: this instance serves it now" in owner.logs
+    client = fleet.enter_context(redis.Redis.from_url(redis_url, decode_responses=True))
+    standby = fleet.enter_context(
+        instance(tmp_path, "i1", fake, ["shared"], redis_url=redis_url, prefix=prefix)
+    )
+    await eventually(  # its first renewal found the agent's lease held: a standby
+        lambda: any(client.scan_iter(f"{prefix}:routed:i1#*")),
+        timeout_s=60,
+        what="the standby's first renewal",
+    )
+    await past_a_later_command(fake, [owner, standby])
+    asked = 8  # the instances race for each answer: both answer some of them
+    for person in range(asked):  # each a person's own: a repeat is answered once
+        fake.inject_command(GROUP, "/taskcard", user_id=2000 + person)
+
+    def answers() -> list[str]:
+        return [t for t in shown(fake, GROUP) if t.startswith("Task cards here")]
+
+    await eventually(lambda: len(answers()) == asked, timeout_s=60, what="every answer")
+    for answer in answers():
+        entry = answer.splitlines()[1]
+        assert entry in (
+            "• shared: unknown; card active",
+            "• shared: served by another instance of the cluster",
+        ), answer
+    assert "this instance serves it now" not in standby.logs
