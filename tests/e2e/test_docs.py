@@ -781,3 +781,24 @@ def test_ledger_md_names_every_difference_of_the_mcp_tool_from_the_commands() ->
         + [field for field in fields - as_fields if field != "command"]
     )
     assert [name for name in unsaid if not any(name in said for said in named)] == []
+
+
+def test_the_ledger_commands_run_as_written_and_the_card_knows_the_start(tmp_path: Path) -> None:
+    """docs/ledger.md's block of commands, pasted in order in an agent's folder (each
+    `[optional part]` left out, the owner's reply `A`): every one is taken, and the card of
+    the task says how long ago it started. The block began with `init`, which records no
+    start, so a reader who followed it had a card saying `started: unknown` for good."""
+    block = re.search(r"```sh\n(.*?)```", (ROOT / "docs" / "ledger.md").read_text(), re.S)
+    assert block is not None
+    lines = [re.sub(r"\s*\[[^\]]*\]", "", line) for line in block[1].splitlines()]
+    commands = [shlex.split(line.replace("A|B|C|D|E", "A"), comments=True) for line in lines]
+    workdir = tmp_path / "agent"
+    workdir.mkdir()
+    for words in commands:
+        assert words[0] == "taskcard", words
+        done = run_cli(*words[1:3], "--workdir", str(workdir), *words[3:])
+        assert done.returncode == 0, (words, done.stderr)
+    card = run_cli("ledger", "render", "--workdir", str(workdir), "TASK")
+    assert card.returncode == 0, card.stderr
+    started = [line for line in card.stdout.splitlines() if line.startswith("started: ")]
+    assert started and started != ["started: unknown"], card.stdout
