@@ -9,7 +9,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -107,14 +107,27 @@ async def desks(
     return Desks(tmp_path, store, await started(store, channel), channel, agents)
 
 
-async def cluster_desks(
-    tmp_path: Path, redis_url: str, count: int, *agents: str
-) -> tuple[list[RedisStore], Desks]:
-    """`count` connections to one new key prefix on the Redis at `redis_url`, and `Desks`
-    for `agents` on a scheduler started on the first (`Desks.cluster` makes their desks)."""
-    prefix = f"test-{uuid.uuid4().hex}"
-    stores = [RedisStore(connect(redis_url), prefix) for _ in range(count)]
-    return stores, await desks(tmp_path, stores[0], *agents)
+ClusterDesks = Callable[..., Awaitable[tuple[list[RedisStore], Desks]]]
+
+
+@pytest.fixture
+async def cluster_desks(tmp_path: Path, redis_url: str) -> AsyncIterator[ClusterDesks]:
+    """`cluster_desks(count, *agents)`: `count` connections to one new key prefix on the
+    test Redis, and `Desks` for `agents` on a scheduler started on the first (`Desks.cluster`
+    makes their desks); the scheduler stopped and the connections closed after the test."""
+    made: list[tuple[list[RedisStore], Desks]] = []
+
+    async def make(count: int, *agents: str) -> tuple[list[RedisStore], Desks]:
+        prefix = f"test-{uuid.uuid4().hex}"
+        stores = [RedisStore(connect(redis_url), prefix) for _ in range(count)]
+        made.append((stores, await desks(tmp_path, stores[0], *agents)))
+        return made[-1]
+
+    yield make
+    for stores, each in made:
+        await each.scheduler.stop()
+        for shared in stores:
+            shared.close()
 
 
 async def test_closed_messages_leave_memory_after_a_day_and_open_ones_stay(
@@ -553,7 +566,7 @@ def report_wake_texts(inbox: Path) -> list[str]:
 
 
 async def test_a_lease_gained_keeps_the_report_wake_row_a_live_writer_rewrote_after_its_read(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, cluster_desks: ClusterDesks
 ) -> None:
     """Two instances on a real Redis. `writer` serves worker and wakes lead for its reports;
     `gainer` gains lead's lease as worker's second report is written: the writer has taken
@@ -565,7 +578,7 @@ async def test_a_lease_gained_keeps_the_report_wake_row_a_live_writer_rewrote_af
     has one wake with the three reports. The gainer deleted the row without looking: the
     third report got a wake of its own. The writer runs in a thread held at its rewrite, the
     gainer's read of the rows lets it go on and waits for it: no timing."""
-    stores, made = await cluster_desks(tmp_path, redis_url, 3, "lead", "worker")
+    stores, made = await cluster_desks(3, "lead", "worker")
     writer, gainer, successor = made.cluster(stores)
     writer.wake("lead", "worker", "report:1", "worker reported 1", report=True)
     row = "report-wake:" + json.dumps(["lead", "worker"])
@@ -609,9 +622,6 @@ async def test_a_lease_gained_keeps_the_report_wake_row_a_live_writer_rewrote_af
     assert report_wake_texts(tmp_path / "lead" / "inbox") == [
         "worker reported 1\nworker reported 2\nworker reported 3"
     ]
-    await made.scheduler.stop()
-    for shared in stores:
-        shared.close()
 
 
 async def test_a_report_wake_row_written_since_the_start_takes_back_only_a_wake(
@@ -650,7 +660,7 @@ async def test_a_report_wake_row_written_since_the_start_takes_back_only_a_wake(
 
 
 async def test_report_wake_rows_not_keyed_by_two_names_are_named_once_in_a_cluster(
-    tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, cluster_desks: ClusterDesks, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two instances on a real Redis gain lead's lease one after the other, the second
     inside the first's read of the report-wake rows (both read them before either acts).
@@ -659,7 +669,7 @@ async def test_report_wake_rows_not_keyed_by_two_names_are_named_once_in_a_clust
     queued in lead's inbox, and a take back noted in the inbox of another parent, not
     theirs to look at. Such rows were skipped without a word at every lease gained, and kept
     for good."""
-    stores, made = await cluster_desks(tmp_path, redis_url, 2, "lead", "worker")
+    stores, made = await cluster_desks(2, "lead", "worker")
     first, second = made.cluster(stores)
     wake = "wake_" + "a" * 24
     bad = {
@@ -690,13 +700,10 @@ async def test_report_wake_rows_not_keyed_by_two_names_are_named_once_in_a_clust
     named = [r.getMessage() for r in caplog.records if "report wake row" in r.getMessage()]
     assert len(named) == len(bad), named
     assert all("does not name two agents" in line for line in named), named
-    await made.scheduler.stop()
-    for shared in stores:
-        shared.close()
 
 
 async def test_an_instance_forgetting_a_report_wake_row_deletes_none_written_after_its_read(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, cluster_desks: ClusterDesks
 ) -> None:
     """Three instances on a real Redis. `old` wakes lead for worker's first report, and
     its fleet then loses worker (a reload) while `new`, which gained worker's lease, is
@@ -707,7 +714,7 @@ async def test_an_instance_forgetting_a_report_wake_row_deletes_none_written_aft
     joins that wake: lead has one wake with the three reports. Deleted without a
     compare, the row `new` wrote was gone, and the third report got a wake of its own.
     The second report is written inside `old`'s read: no timing."""
-    stores, made = await cluster_desks(tmp_path, redis_url, 3, "lead", "worker")
+    stores, made = await cluster_desks(3, "lead", "worker")
     old, new, successor = made.cluster(stores)
     old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
     row = "report-wake:" + json.dumps(["lead", "worker"])
@@ -730,13 +737,10 @@ async def test_an_instance_forgetting_a_report_wake_row_deletes_none_written_aft
     assert report_wake_texts(tmp_path / "lead" / "inbox") == [
         "worker reported 1\nworker reported 2\nworker reported 3"
     ]
-    await made.scheduler.stop()
-    for shared in stores:
-        shared.close()
 
 
 async def test_a_report_read_as_another_instance_writes_the_pair_leaves_that_row(
-    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three instances on a real Redis. `old` wakes lead for worker's first report; then,
     running its last turn as worker's lease moves to `new`, it reads the report-wake row
@@ -748,7 +752,7 @@ async def test_a_report_read_as_another_instance_writes_the_pair_leaves_that_row
     compare, the row was gone and the fourth report got a wake of its own. The third
     report is written inside `old`'s read, and the refusal made by raising where it would
     happen: no timing."""
-    stores, made = await cluster_desks(tmp_path, redis_url, 3, "lead", "worker")
+    stores, made = await cluster_desks(3, "lead", "worker")
     old, new, successor = made.cluster(stores)
     old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
     row = "report-wake:" + json.dumps(["lead", "worker"])
@@ -774,13 +778,10 @@ async def test_a_report_read_as_another_instance_writes_the_pair_leaves_that_row
     assert report_wake_texts(tmp_path / "lead" / "inbox") == [
         "worker reported 1\nworker reported 3\nworker reported 4"
     ]
-    await made.scheduler.stop()
-    for shared in stores:
-        shared.close()
 
 
 async def test_an_instance_serving_a_child_again_joins_the_wake_another_wrote_meanwhile(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, cluster_desks: ClusterDesks
 ) -> None:
     """Two instances on a real Redis take turns at worker's lease. `first` wakes lead for
     worker's first report and loses the lease; `second` gains it, and worker's second
@@ -788,7 +789,7 @@ async def test_an_instance_serving_a_child_again_joins_the_wake_another_wrote_me
     again, and worker's third report joins that wake: lead has one wake with the three
     reports. `first` took its memory of the first wake for worker's wake still queued over
     the store's row: it found that wake gone and queued the third report alone."""
-    stores, made = await cluster_desks(tmp_path, redis_url, 2, "lead", "worker")
+    stores, made = await cluster_desks(2, "lead", "worker")
     first, second = made.cluster(stores)
     first.take_agent("worker")
     first.wake("lead", "worker", "report:1", "worker reported 1", report=True)
@@ -801,13 +802,10 @@ async def test_an_instance_serving_a_child_again_joins_the_wake_another_wrote_me
     assert report_wake_texts(tmp_path / "lead" / "inbox") == [
         "worker reported 1\nworker reported 2\nworker reported 3"
     ]
-    await made.scheduler.stop()
-    for shared in stores:
-        shared.close()
 
 
 async def test_an_instance_that_gained_the_parent_and_then_the_child_joins_the_newer_wake(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, cluster_desks: ClusterDesks
 ) -> None:
     """Three instances on a real Redis. `stopped` wakes lead for worker's first report and
     stops as worker's second report takes that wake back (the note of the take back is in
@@ -817,7 +815,7 @@ async def test_an_instance_that_gained_the_parent_and_then_the_child_joins_the_n
     fourth report joins `second`'s wake: lead has one wake with the reports. `first` took
     the wake it had put back for worker's wake still queued: it found it gone and queued
     the fourth report alone."""
-    stores, made = await cluster_desks(tmp_path, redis_url, 3, "lead", "worker")
+    stores, made = await cluster_desks(3, "lead", "worker")
     stopped, first, second = made.cluster(stores)
     stopped.wake("lead", "worker", "report:1", "worker reported 1", report=True)
     row = "report-wake:" + json.dumps(["lead", "worker"])
@@ -833,13 +831,10 @@ async def test_an_instance_that_gained_the_parent_and_then_the_child_joins_the_n
     assert report_wake_texts(tmp_path / "lead" / "inbox") == [
         "worker reported 1\nworker reported 3\nworker reported 4"
     ]
-    await made.scheduler.stop()
-    for shared in stores:
-        shared.close()
 
 
 async def test_a_wake_owed_with_the_one_it_took_back_leaves_a_row_written_since(
-    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three instances on a real Redis. `old` wakes lead for worker's first report; its
     wake for the second takes that one back, and lead's inbox refuses both it and the
@@ -852,7 +847,7 @@ async def test_a_wake_owed_with_the_one_it_took_back_leaves_a_row_written_since(
     wake. Deleted without a compare, the row was gone and the fourth went alone. The
     third report is written inside `old`'s write of its owed row, the refusals made by
     raising where they would happen: no timing."""
-    stores, made = await cluster_desks(tmp_path, redis_url, 3, "lead", "worker")
+    stores, made = await cluster_desks(3, "lead", "worker")
     old, new, successor = made.cluster(stores)
     old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
     refusing = [True]
@@ -888,13 +883,10 @@ async def test_a_wake_owed_with_the_one_it_took_back_leaves_a_row_written_since(
     assert report_wake_texts(tmp_path / "lead" / "inbox") == [
         "worker reported 3\nworker reported 4"
     ]
-    await made.scheduler.stop()
-    for shared in stores:
-        shared.close()
 
 
 async def test_a_report_finding_a_take_back_a_stop_left_carries_the_wake_taken_back(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, cluster_desks: ClusterDesks
 ) -> None:
     """Two instances on a real Redis. `stopped` wakes lead for worker's first report and
     stops as worker's second report takes that wake back (the note of the take back is in
@@ -903,7 +895,7 @@ async def test_a_report_finding_a_take_back_a_stop_left_carries_the_wake_taken_b
     first wake back and takes it again: lead has one wake with the first and third
     reports, and nothing is left in `cancelled/`. The report deleted the note and went
     alone, the first wake left in `cancelled/` for good."""
-    stores, made = await cluster_desks(tmp_path, redis_url, 2, "lead", "worker")
+    stores, made = await cluster_desks(2, "lead", "worker")
     stopped, new = made.cluster(stores)
     stopped.wake("lead", "worker", "report:1", "worker reported 1", report=True)
     row = "report-wake:" + json.dumps(["lead", "worker"])
@@ -915,6 +907,3 @@ async def test_a_report_finding_a_take_back_a_stop_left_carries_the_wake_taken_b
     new.wake("lead", "worker", "report:3", "worker reported 3", report=True)
     assert report_wake_texts(inbox) == ["worker reported 1\nworker reported 3"]
     assert list((inbox / "cancelled").iterdir()) == []
-    await made.scheduler.stop()
-    for shared in stores:
-        shared.close()
