@@ -1119,10 +1119,10 @@ class InboxDesk:
         child_id, episode, text, report = wake.child_id, wake.episode, wake.text, wake.report
         route = WAKE_ROUTE_PREFIX + parent_id
         notice_id = f"{child_id}:{episode}"
-        body, taken_back = text, None
+        body, taken_back, left = text, None, None
         ident = _wake_ident(notice_id)
         if report:
-            taken_back = self._take_back_report_wake(writer, parent_id, child_id, text, ident)
+            taken_back, left = self._take_back_report_wake(writer, parent_id, child_id, text, ident)
             if taken_back is not None:
                 body = f"{taken_back.kept}\n{text}"
         try:
@@ -1174,8 +1174,8 @@ class InboxDesk:
                 writer.discard_cancelled(str(withdrawn))
         if report:
             self._report_wakes[(parent_id, child_id)] = (ident, body)
-            self._store.set_cursor(
-                _report_wake_cursor(parent_id, child_id), json.dumps([ident, body])
+            self._write_report_row(
+                _report_wake_cursor(parent_id, child_id), left, json.dumps([ident, body])
             )
         self._store.set_notice_state(route, notice_id, "delivered")
         log.info("agent %s: woken about %s (%s)", parent_id, child_id, episode)
@@ -1287,11 +1287,13 @@ class InboxDesk:
 
     def _take_back_report_wake(
         self, writer: InboxWriter, parent_id: str, child_id: str, text: str, carrier: str
-    ) -> _TakenBack | None:
+    ) -> tuple[_TakenBack | None, str | None]:
         """The child's report wake still queued in the parent's inbox, withdrawn so that the
         next wake (`carrier`, its message id) carries it too (cut to fit:
         `joined_report_wakes`); None when there is none (the parent took it first), or when
-        `text` alone nearly fills a message.
+        `text` alone nearly fills a message. And the pair's row as this left it (None: no
+        row), for the carrier's row to replace only that (`_write_report_row`): what was
+        read, when another instance wrote the row since, so that the compare fails.
 
         The take back is noted in the store first, with its carrier, until the carrier is
         queued (or the wake put back, or owed with it): a stop in between left the wake in
@@ -1315,22 +1317,22 @@ class InboxDesk:
             stored, last = self._last_report_wake((parent_id, child_id))
         kept = None if last is None else joined_report_wakes(last.body, text)
         if last is None or last.carrier is not None or kept is None:
-            if stored:  # a row per pair ever seen was left behind; this wake writes its own
-                self._store.replace_cursor_if(cursor, stored, None)
-            return None
+            # A row per pair ever seen was left behind; this wake writes its own.
+            if stored and self._store.replace_cursor_if(cursor, stored, None):
+                return None, None
+            return None, stored
         note = json.dumps([last.ident, last.body, carrier])
         if stored is None:  # alone on the state, remembered only: see `_last_report_wake`
             self._store.set_cursor(cursor, note)
         elif not self._store.replace_cursor_if(cursor, stored, note):
-            return None
+            return None, stored
         try:
             taken = writer.cancel(last.ident)
         except InboxRefused:
             taken = False
         if not taken:
-            self._store.replace_cursor_if(cursor, note, None)
-            return None
-        return _TakenBack(last.ident, last.body, kept, note)
+            return None, (None if self._store.replace_cursor_if(cursor, note, None) else note)
+        return _TakenBack(last.ident, last.body, kept, note), note
 
     def _read_report_rows(self) -> dict[str, str]:
         """Every report-wake row the store keeps (`_report_rows`)."""
@@ -1448,11 +1450,28 @@ class InboxDesk:
             )
             return False
         self._report_wakes[(parent_id, child_id)] = (taken_back.ident, taken_back.whole)
-        self._store.set_cursor(
+        self._write_report_row(
             _report_wake_cursor(parent_id, child_id),
+            taken_back.note,
             json.dumps([taken_back.ident, taken_back.whole]),
         )
         return True
+
+    def _write_report_row(self, cursor: str, left: str | None, value: str) -> None:
+        """Note `value` as the pair's wake still queued in its report-wake row `cursor`,
+        clustered only while the row holds `left`, what the child's report read or left
+        there (None: no row): another instance may have written the pair since (it gained
+        the child's lease, this one running its last turn), and the child's next report
+        must join the wake that instance noted. Written over, the next report joined this
+        older wake, and the newer one stayed alone. Alone on the state, written whatever
+        the row holds: there is no other writer, and a failing state disk holds back the
+        write of what was left (compared, the row would not be written at all)."""
+        if not self._shared:
+            self._store.set_cursor(cursor, value)
+        elif left is not None:
+            self._store.replace_cursor_if(cursor, left, value)
+        else:
+            self._store.change_cursor(cursor, lambda held: value if held is None else held)
 
     def _last_report_wake(self, key: tuple[str, str]) -> tuple[str | None, _ReportRow | None]:
         """The store's row of (parent, child) as read, and what it holds: the report wake

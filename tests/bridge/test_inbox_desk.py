@@ -565,6 +565,31 @@ def report_wake_texts(inbox: Path) -> list[str]:
     return sorted(json.loads(p.read_text())["text"] for p in (inbox / "queued").iterdir())
 
 
+def before_queued_row_written(shared: RedisStore, row: str, then: Callable[[], None]) -> list[str]:
+    """Run `then` once, just before `shared` writes `row` as a wake still queued (a row of
+    two items, a wake id and its text), by whichever call writes it (`set_cursor`, or
+    `replace_cursor_if` comparing first); the rows so written, to check it came."""
+    set_cursor, replace_cursor_if = shared.set_cursor, shared.replace_cursor_if
+    seen: list[str] = []
+
+    def first(key: str, value: str | None) -> None:
+        if key == row and value is not None and len(json.loads(value)) == 2 and not seen:
+            seen.append(value)
+            then()
+
+    def set_after(key: str, value: str) -> None:
+        first(key, value)
+        set_cursor(key, value)
+
+    def replace_after(key: str, expected: str, value: str | None) -> bool:
+        first(key, value)
+        return replace_cursor_if(key, expected, value)
+
+    shared.set_cursor = set_after  # type: ignore[method-assign]
+    shared.replace_cursor_if = replace_after  # type: ignore[method-assign]
+    return seen
+
+
 async def test_a_lease_gained_keeps_the_report_wake_row_a_live_writer_rewrote_after_its_read(
     tmp_path: Path, cluster_desks: ClusterDesks
 ) -> None:
@@ -583,15 +608,12 @@ async def test_a_lease_gained_keeps_the_report_wake_row_a_live_writer_rewrote_af
     writer.wake("lead", "worker", "report:1", "worker reported 1", report=True)
     row = "report-wake:" + json.dumps(["lead", "worker"])
     at_rewrite, gainer_read = threading.Event(), threading.Event()
-    set_cursor = stores[0].set_cursor
 
-    def held_at_rewrite(key: str, value: str) -> None:
-        if key == row and len(json.loads(value)) == 2:  # the carrier noted as still queued
-            at_rewrite.set()
-            assert gainer_read.wait(60), "the gainer never read the rows"
-        set_cursor(key, value)
+    def held_at_rewrite() -> None:  # the carrier about to be noted as still queued
+        at_rewrite.set()
+        assert gainer_read.wait(60), "the gainer never read the rows"
 
-    stores[0].set_cursor = held_at_rewrite  # type: ignore[method-assign]
+    before_queued_row_written(stores[0], row, held_at_rewrite)
     second = threading.Thread(
         target=writer.wake,
         args=("lead", "worker", "report:2", "worker reported 2"),
@@ -907,3 +929,114 @@ async def test_a_report_finding_a_take_back_a_stop_left_carries_the_wake_taken_b
     new.wake("lead", "worker", "report:3", "worker reported 3", report=True)
     assert report_wake_texts(inbox) == ["worker reported 1\nworker reported 3"]
     assert list((inbox / "cancelled").iterdir()) == []
+
+
+async def test_a_wake_queued_as_another_instance_writes_the_pair_leaves_that_row(
+    tmp_path: Path, cluster_desks: ClusterDesks
+) -> None:
+    """Three instances on a real Redis. `old` wakes lead for worker's first report, and its
+    wake for the second takes that one back and is queued; before `old` notes it as
+    worker's wake still queued, `new`, which gained worker's lease, writes worker's third
+    report: it finds `old`'s note of the take back with its carrier queued, is done with
+    the note, and its wake goes alone, noted as the wake still queued. `old` then writes
+    its row only while its note is the row, so `new`'s stays, and worker's fourth report,
+    written by a third instance, joins the third. Written over without a compare, the
+    fourth joined the first two and the third stayed alone, out of order. The third report
+    is written inside `old`'s write of its row: no timing."""
+    stores, made = await cluster_desks(3, "lead", "worker")
+    old, new, successor = made.cluster(stores)
+    old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    written = before_queued_row_written(
+        stores[0],
+        row,
+        lambda: new.wake("lead", "worker", "report:3", "worker reported 3", report=True),
+    )
+    old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+    assert written, "old never wrote its row"
+    successor.wake("lead", "worker", "report:4", "worker reported 4", report=True)
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == [
+        "worker reported 1\nworker reported 2",
+        "worker reported 3\nworker reported 4",
+    ]
+
+
+async def test_a_wake_put_back_as_another_instance_writes_the_pair_leaves_that_row(
+    tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three instances on a real Redis. `old` wakes lead for worker's first report; lead's
+    inbox refuses its wake for the second, which took the first back, and `old` moves the
+    first back to `queued/` (owing the second). Before `old` notes the first as worker's
+    wake still queued, `new`, which gained worker's lease, writes worker's third report
+    (the inbox works for it): it finds `old`'s note, the wake it names not in
+    `cancelled/` any more, is done with the note, and its wake goes alone, noted as the
+    wake still queued. `old` then writes its row only while its note is the row, so
+    `new`'s stays, and worker's fourth report, written by a third instance, joins the
+    third. Written over without a compare, the fourth joined the first and the third
+    stayed alone, out of order. The third report is written inside `old`'s write of its
+    row, the refusal made by raising where it would happen: no timing."""
+    stores, made = await cluster_desks(3, "lead", "worker")
+    old, new, successor = made.cluster(stores)
+    old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    refusing = [True]
+    queue = InboxWriter.queue
+
+    def queue_refused(writer: InboxWriter, message: dict[str, object]) -> None:
+        if refusing[0]:
+            raise OSError(28, "No space left on device")
+        queue(writer, message)
+
+    def the_new_holder_writes() -> None:
+        refusing[0] = False
+        new.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+        refusing[0] = True
+
+    with monkeypatch.context() as faults:
+        faults.setattr(InboxWriter, "queue", queue_refused)
+        written = before_queued_row_written(stores[0], row, the_new_holder_writes)
+        old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+    assert written == [json.dumps([_wake_ident("worker:report:1"), "worker reported 1"])]
+    assert "lead" in old.problems  # the second is owed
+    successor.wake("lead", "worker", "report:4", "worker reported 4", report=True)
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == [
+        "worker reported 1",
+        "worker reported 3\nworker reported 4",
+    ]
+
+
+@pytest.mark.parametrize("first_queued", [True, False], ids=["a-wake-queued", "none-queued"])
+async def test_a_wake_going_alone_as_another_instance_writes_the_pair_leaves_that_row(
+    tmp_path: Path, cluster_desks: ClusterDesks, first_queued: bool
+) -> None:
+    """Three instances on a real Redis. `old`, running its last turn as worker's lease
+    moves to `new`, reads the report-wake row for worker's second report, and `new` writes
+    worker's third in between: it takes back the wake of worker's first report into one
+    carrying both (`a-wake-queued`), or, with none queued, its wake goes alone. `old`
+    finds the row not as it read it, takes nothing back, and its wake goes alone; it then
+    notes that wake only while the row is as it left it, so `new`'s stays and worker's
+    fourth report, written by a third instance, joins the third. Written over without a
+    compare, the fourth joined the second and the third stayed without it. The third
+    report is written inside `old`'s read: no timing."""
+    stores, made = await cluster_desks(3, "lead", "worker")
+    old, new, successor = made.cluster(stores)
+    if first_queued:
+        old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    get_cursor = stores[0].get_cursor
+
+    def read_then_the_new_holder_writes(key: str) -> str | None:
+        found = get_cursor(key)
+        if key == row:
+            stores[0].get_cursor = get_cursor  # type: ignore[method-assign]
+            new.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+        return found
+
+    stores[0].get_cursor = read_then_the_new_holder_writes  # type: ignore[method-assign]
+    old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+    assert stores[0].get_cursor == get_cursor, "old never read the row"
+    successor.wake("lead", "worker", "report:4", "worker reported 4", report=True)
+    third = "worker reported 1\nworker reported 3" if first_queued else "worker reported 3"
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == sorted(
+        ["worker reported 2", f"{third}\nworker reported 4"]
+    )
