@@ -280,6 +280,21 @@ class _FailedWake(NamedTuple):
     seq: int = 0  # the order it became owed in, kept in the store
 
 
+def _owed_row(wake: _FailedWake) -> str:
+    """The store's row of an owed wake (`_stored_wake` reads it)."""
+    return json.dumps(
+        {
+            "child": wake.child_id,
+            "episode": wake.episode,
+            "text": wake.text,
+            "report": wake.report,
+            "withdrawn": wake.withdrawn,
+            "seq": wake.seq,
+        },
+        ensure_ascii=False,
+    )
+
+
 def _stored_wake(
     key: str, value: str, fleet: Collection[str]
 ) -> tuple[str, str, _FailedWake] | str:
@@ -1153,9 +1168,11 @@ class InboxDesk:
                 self._store.replace_cursor_if(cursor, taken_back.note, None)
             self._store.set_notice_state(route, notice_id, "failed")
             return False
+        # The wakes taken back whose text travels in this one.
+        aboard = {i for i in (taken_back.ident if taken_back else None, wake.withdrawn) if i}
         owed = self._wake_retries.get(parent_id)
         if owed is not None and owed.wakes.pop(notice_id, None) is not None:
-            self._store.delete_cursors([_owed_wake_cursor(parent_id, notice_id)])
+            self._delete_owed_row(writer, parent_id, notice_id, wake, aboard)
         if owed is not None:
             owed.backoff.reset()
             if owed.wakes:
@@ -1166,12 +1183,11 @@ class InboxDesk:
                 self._owes_none(parent_id)
         if parent_id not in self._wake_retries:
             self.problems.pop(parent_id, None)
-        # The text of a wake taken back travels in this one: kept in `cancelled/`, every
-        # report of a child left one more file in its parent's inbox, thousands for an
-        # agent that reports many times a second.
-        for withdrawn in {taken_back.ident if taken_back else None, wake.withdrawn} - {None}:
+        # Deleted from `cancelled/`: kept there, every report of a child left one more file
+        # in its parent's inbox, thousands for an agent that reports many times a second.
+        for withdrawn in aboard:
             with contextlib.suppress(InboxRefused, OSError):
-                writer.discard_cancelled(str(withdrawn))
+                writer.discard_cancelled(withdrawn)
         if report:
             self._report_wakes[(parent_id, child_id)] = (ident, body)
             self._write_report_row(
@@ -1260,20 +1276,47 @@ class InboxDesk:
 
     def _write_owed_row(self, parent_id: str, notice_id: str, wake: _FailedWake) -> None:
         """The store's row of one owed wake (`_stored_wake` reads it)."""
-        self._store.set_cursor(
-            _owed_wake_cursor(parent_id, notice_id),
-            json.dumps(
-                {
-                    "child": wake.child_id,
-                    "episode": wake.episode,
-                    "text": wake.text,
-                    "report": wake.report,
-                    "withdrawn": wake.withdrawn,
-                    "seq": wake.seq,
-                },
-                ensure_ascii=False,
-            ),
-        )
+        self._store.set_cursor(_owed_wake_cursor(parent_id, notice_id), _owed_row(wake))
+
+    def _delete_owed_row(
+        self,
+        writer: InboxWriter,
+        parent_id: str,
+        notice_id: str,
+        wake: _FailedWake,
+        carried: Collection[str],
+    ) -> None:
+        """Delete the row of the owed `wake`, queued just now carrying the wakes taken back
+        `carried`. Clustered, only while it holds `wake` as known here: another instance
+        owing it too (it gained the agent's lease, this one running its last turn) may have
+        tried it meanwhile, failed, and written it again carrying a report wake it took back
+        and could not move back (`_FailedWake.withdrawn`, left in `cancelled/`), which the
+        wake queued here does not carry. That wake is moved back to `queued/` first (alone:
+        the child's next report does not join it). Deleted without a look, the other
+        instance found no row, took the wake for queued, and those reports stayed in
+        `cancelled/`, which no agent reads."""
+        key = _owed_wake_cursor(parent_id, notice_id)
+        if not self._shared:
+            self._store.delete_cursors([key])
+            return
+        if self._store.replace_cursor_if(key, _owed_row(wake), None):
+            return
+        stored = self._store.get_cursor(key)
+        if stored is None:
+            return
+        parsed = _stored_wake(key, stored, self._writers)
+        withdrawn = None if isinstance(parsed, str) else parsed[2].withdrawn
+        if withdrawn is not None and withdrawn not in carried:
+            try:
+                writer.restore(withdrawn)
+            except InboxRefused as error:
+                log.warning(
+                    "agent %s: the wake about %s taken back is left in its inbox's cancelled/: %s",
+                    parent_id,
+                    wake.child_id,
+                    error,
+                )
+        self._store.replace_cursor_if(key, stored, None)
 
     def _store_tries(self, parent_id: str, owed: _WakeRetry) -> None:
         """Keep `parent_id`'s failed tries and next due time, for `_take_owed`; marked again

@@ -1040,3 +1040,64 @@ async def test_a_wake_going_alone_as_another_instance_writes_the_pair_leaves_tha
     assert report_wake_texts(tmp_path / "lead" / "inbox") == sorted(
         ["worker reported 2", f"{third}\nworker reported 4"]
     )
+
+
+async def test_an_owed_wake_queued_as_another_instance_owes_it_carrying_more_loses_no_report(
+    tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two instances on a real Redis. lead's inbox refuses `old`'s wake for worker's
+    second report (the first, taken back, is moved back to `queued/`), so the second is
+    owed; `new` gains lead's lease and takes it up, and `old`, running its last turn, tries
+    it again too. As `old` reads worker's wake still queued, `new` tries it (the inbox
+    refusing it): it takes the first back, can move it back no more, and owes the second
+    carrying the first, its row rewritten so, the first left in `cancelled/`. `old`'s
+    wake, the second alone, is queued (the inbox works again), and `old` deletes the row
+    only while it is the wake it wrote: finding the rewritten row, it moves the first back
+    to `queued/`, then deletes the row. lead has both reports. Deleted without a compare,
+    `new` found no row, took the wake for queued, and the first report stayed in
+    `cancelled/`, which no agent reads. `new`'s try runs inside `old`'s read, the refusals
+    raised where they would happen: no timing."""
+    stores, made = await cluster_desks(2, "lead", "worker")
+    old, new = made.cluster(stores)
+    old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    refusing = {"queue": True, "restore": False}
+    queue, restore = InboxWriter.queue, InboxWriter.restore
+
+    def queue_refused(writer: InboxWriter, message: dict[str, object]) -> None:
+        if refusing["queue"]:
+            raise OSError(28, "No space left on device")
+        queue(writer, message)
+
+    def restore_refused(writer: InboxWriter, ident: str) -> bool:
+        if refusing["restore"]:
+            raise InboxRefused("inbox/cancelled cannot be moved back")
+        return restore(writer, ident)
+
+    monkeypatch.setattr(InboxWriter, "queue", queue_refused)
+    monkeypatch.setattr(InboxWriter, "restore", restore_refused)
+    old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+    inbox = tmp_path / "lead" / "inbox"
+    assert report_wake_texts(inbox) == ["worker reported 1"]  # moved back; the second owed
+    new.take_agent("lead")
+    made.now[0] += timedelta(hours=1)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    owed = OWED_WAKE_CURSOR + json.dumps(["lead", "worker:report:2"])
+    get_cursor = stores[0].get_cursor
+
+    def read_then_the_new_holder_tries(key: str) -> str | None:
+        found = get_cursor(key)
+        if key == row:
+            stores[0].get_cursor = get_cursor  # type: ignore[method-assign]
+            refusing["restore"] = True
+            new.retry_wakes()
+            refusing.update(queue=False, restore=False)
+            rewritten = json.loads(stores[1].get_cursor(owed) or "null")
+            assert rewritten["withdrawn"] == _wake_ident("worker:report:1"), rewritten
+        return found
+
+    stores[0].get_cursor = read_then_the_new_holder_tries  # type: ignore[method-assign]
+    old.retry_wakes()
+    assert stores[0].get_cursor == get_cursor, "old never read worker's wake still queued"
+    new.retry_wakes()
+    assert report_wake_texts(inbox) == ["worker reported 1", "worker reported 2"]
+    assert list((inbox / "cancelled").iterdir()) == []
