@@ -209,6 +209,20 @@ def _id_kind(ident: object) -> str:
     return "a list" if isinstance(ident, list) else "an object"
 
 
+def _number_as_written(text: str | None) -> str | None:
+    """The top-level `id` of the JSON object `text` as written, read again with its numbers
+    with a fraction or exponent kept as text (the caller knows the id is one); None when
+    `text` does not read again."""
+    if text is None:
+        return None
+    try:
+        message = json.loads(text, parse_float=str)
+    except (ValueError, RecursionError):
+        return None
+    ident = message.get("id") if isinstance(message, dict) else None
+    return ident if isinstance(ident, str) else None
+
+
 @dataclass(frozen=True)
 class BadIds:
     """Stands in for a request whose `id` is not text or a whole number (`1.5`, `true`, `[1]`,
@@ -221,15 +235,19 @@ class BadIds:
     marker: str = field(default_factory=lambda: f"taskcard.bad-id.{secrets.token_hex(16)}")
 
     @staticmethod
-    def problem(message: object) -> str | None:
-        """What is wrong with the id of `message` (decoded), or None when it is a request
-        with a good id, a notification (no id at all), or not a request."""
+    def problem(message: object, text: str | None = None) -> str | None:
+        """What is wrong with the id of `message` (decoded from the line `text`), or None
+        when it is a request with a good id, a notification (no id at all), or not a
+        request."""
         if not isinstance(message, dict) or "method" not in message or "id" not in message:
             return None
         ident = message["id"]
         if isinstance(ident, str) or (isinstance(ident, int) and not isinstance(ident, bool)):
             return None
-        shown = _replaced(json.dumps(ident, ensure_ascii=False))
+        # A number with a fraction or exponent as the line wrote it: read as a float, one
+        # too long for it (1e400, or 400 digits and a fraction) was shown as "Infinity".
+        written = _number_as_written(text) if isinstance(ident, float) else None
+        shown = written or _replaced(json.dumps(ident, ensure_ascii=False))
         shown = shown if len(shown) <= 40 else f"{shown[:37]}..."
         return (
             f"Invalid Request: id {shown} is {_id_kind(ident)}, so the request was not run;"
@@ -273,7 +291,7 @@ class RepeatedKeys:
             message = json.loads(text if flat is None else flat, object_pairs_hook=build)
         except (ValueError, RecursionError):
             return as_read  # the SDK's reader refuses it too, and it is answered as such
-        bad_id = self.ids.problem(message)
+        bad_id = self.ids.problem(message, text)
         if bad_id is not None:
             return self.ids.stand_in(bad_id)
         if not isinstance(message, dict) or message.get("method") != TOOLS_CALL:

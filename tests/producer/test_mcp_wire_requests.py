@@ -55,6 +55,24 @@ def test_a_request_whose_id_is_not_one_is_answered_as_invalid_and_not_run(
     assert report_summaries(workdir) == []  # neither tools/call ran
 
 
+def test_an_id_too_long_for_a_float_is_named_as_written_cut_short(
+    workdir: Path, cli: CliHost
+) -> None:
+    """An id with a fraction or exponent too large for a float (1e400, 400 digits and a
+    fraction) was named "Infinity", a number no client sent; it is named as written, cut
+    short to 40 characters."""
+    digits = "9" * 400 + ".5"
+    lines = [json.dumps(INITIALIZE), INITIALIZED]
+    lines += [f'{{"jsonrpc":"2.0","id":{ident},"method":"ping"}}' for ident in ("1e400", digits)]
+    answers = mcp_answers(cli, lines)
+    shown = [answer["error"]["message"] for answer in answers[1:]]
+    assert len(shown) == 2, answers
+    kind = "is a number with a fraction or exponent, so the request was not run"
+    assert shown[0].startswith(f"Invalid Request: id 1e400 {kind}"), shown
+    assert shown[1].startswith(f"Invalid Request: id {'9' * 37}... {kind}"), shown
+    assert not any("Infinity" in message for message in shown), shown
+
+
 def test_half_a_surrogate_pair_in_a_tool_call_is_refused_naming_the_field(
     workdir: Path, cli: CliHost
 ) -> None:
