@@ -35,6 +35,7 @@ from taskcard.producers.ledger.store import (
     LedgerError,
     LedgerReadFailed,
     cannot_write,
+    worded,
 )
 from taskcard.producers.task_card.contract import (
     expand_home,
@@ -327,7 +328,9 @@ def _guarded(handler: Any) -> Any:
             print(f"taskcard ledger: {exc}", file=sys.stderr)
             return EXIT_FAILED
         except LedgerError as exc:
-            print(f"taskcard ledger: {exc}", file=sys.stderr)
+            # The commands' own refusals (`--steps`) are said as the store's are: the
+            # option first (`worded`).
+            print(f"taskcard ledger: {worded(str(exc), 'cli')}", file=sys.stderr)
             return EXIT_BAD_INPUT
         except BrokenPipeError:
             # The reader of the output went away (`taskcard ledger show | head -1`): the

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, Final, Literal, TypeVar, cast
+from typing import Any, BinaryIO, Final, TypeVar, cast
 
 from pydantic import ValidationError
 
@@ -69,7 +69,14 @@ from taskcard.producers.task_card.contract import (
     shows_text,
 )
 from taskcard.producers.task_card.contract import cannot_write as contract_cannot_write
-from taskcard.producers.task_card.tool_failure import READ_FAILED, UNUSABLE_FILE, Coded
+from taskcard.producers.task_card.tool_failure import (
+    READ_FAILED,
+    UNUSABLE_FILE,
+    Coded,
+    Names,
+    Way,
+)
+from taskcard.producers.task_card.tool_failure import worded as worded_for
 from taskcard.producers.task_card.workdir_arg import (
     WorkdirError,
     dangling_link,
@@ -95,42 +102,44 @@ class LedgerReadFailed(LedgerError):
     code = READ_FAILED
 
 
-# The way in a ledger is used by, which its errors name the fix in: the store words them for
-# the command line (`give --kind`, `see taskcard ledger init --help`); `worded` says the same
-# with the MCP tool's fields or the Python API's parameters (`Ledger(..., way=...)`).
-Way = Literal["cli", "mcp", "python"]
-_REFERENCES: Final[dict[str, tuple[tuple[re.Pattern[str], str], ...]]] = {
-    "cli": (),
-    "mcp": (
-        (re.compile(r"`taskcard ledger(?: init)? --help`"), "the ledger tool's schema"),
-        (re.compile(r"run `(?:taskcard )?ledger init`"), "call the ledger tool with command init"),
+# The ledger's fields as each way in names them (`tool_failure.worded`): the store words its
+# errors for the command line (`give --kind`, `see taskcard ledger init --help`) with the
+# field first; `Ledger(..., way=...)` says them for the way it is used by.
+_NAMES: Final = Names(
+    options=frozenset(
+        (
+            *("purpose", "steps", "event_type", "step", "new_step", "note", "source"),
+            *("artifacts", "kind", "reason", "safe_next_step", "failed", "reply", "job_id"),
+            *("status", "provider", "evidence", "max_wait_sec", "name", "observed_bytes"),
+            *("expected_bytes", "complete", "corrupt", "ledger", "workdir"),
+            *(name for name in Limits.model_fields),
+        )
     ),
-    "python": (
-        (re.compile(r"`taskcard ledger init --help`"), "help(Ledger.init)"),
-        (re.compile(r"`taskcard ledger --help`"), "help(Ledger)"),
-        (re.compile(r"run `(?:taskcard )?ledger init`"), "call Ledger.init"),
-        (re.compile(r"`taskcard ledger init`"), "Ledger.init"),
-        (re.compile(r"--ledger PATH"), "Ledger(PATH)"),
-    ),
-}
-# An option as the store writes one: after a space, never inside a quoted path or id; it is
-# the field or parameter of the same name, `_` for `-`, but for these.
-_OPTION: Final = re.compile(r"(?<= )--([a-z][a-z-]*)(?: [A-Z_]+)?")
-_OPTION_FIELDS: Final = {"bytes": "observed_bytes", "artifact": "artifacts"}
+    renamed={"observed_bytes": "bytes", "artifacts": "artifact"},
+    references={
+        "mcp": (
+            (re.compile(r"`taskcard ledger(?: init)? --help`"), "the ledger tool's schema"),
+            (
+                re.compile(r"run `(?:taskcard )?ledger init`"),
+                "call the ledger tool with command init",
+            ),
+        ),
+        "python": (
+            (re.compile(r"`taskcard ledger init --help`"), "help(Ledger.init)"),
+            (re.compile(r"`taskcard ledger --help`"), "help(Ledger)"),
+            (re.compile(r"run `(?:taskcard )?ledger init`"), "call Ledger.init"),
+            (re.compile(r"`taskcard ledger init`"), "Ledger.init"),
+            (re.compile(r"--ledger PATH"), "Ledger(PATH)"),
+        ),
+    },
+)
 
 
 def worded(message: str, way: Way) -> str:
-    """A store's error (`LedgerError`) with its command line words (options, `--help`, `run
-    taskcard ledger init`) said as `way` names them; as it is for the command line. Saying
-    it again changes nothing."""
-    for pattern, words in _REFERENCES[way]:
-        message = pattern.sub(words, message)
-    if way == "cli":
-        return message
-    after = "=" if way == "python" else ""  # a keyword argument: `step=`
-    return _OPTION.sub(
-        lambda found: _OPTION_FIELDS.get(found[1], found[1].replace("-", "_")) + after, message
-    )
+    """A store's error (`LedgerError`) said as `way` names the ledger's fields and commands
+    (`tool_failure.worded`): `--kind: ...` for the command line, `kind: ...` over MCP and in
+    Python. Saying it again changes nothing."""
+    return worded_for(message, way, _NAMES)
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -732,9 +741,11 @@ class Ledger:
         ]
         stray = sorted(name for name in fields if name not in takes)
         if stray:
+            # The options as the command line spells them; `worded` says them as the fields.
+            options = ", ".join(_NAMES.option(name) for name in [*common, *takes])
             raise LedgerError(
-                f"{stray[0]}: not a field of a {event_type} checkpoint; remove it"
-                + (f" (it takes {', '.join([*common, *takes])})" if takes else "")
+                f"{stray[0]}: not taken by a {event_type} checkpoint; remove it"
+                + (f" (it takes {options})" if takes else "")
             )
         _check_types(note=note, artifacts=artifacts, new_step=new_step)
         if (step is not None or new_step) and event_type in _STEPLESS:

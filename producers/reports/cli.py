@@ -253,6 +253,7 @@ def run_spawn(args: argparse.Namespace) -> int:
             provider=args.provider,
             parent_workdir=args.parent_workdir,
             max_depth=args.max_depth,
+            way="cli",
         )
     except LineageError as exc:
         # A lineage.json the system failed to read (EIO) is a failure, 1, as a failed write

@@ -54,7 +54,14 @@ from taskcard.producers.task_card.contract import (
     shows_text,
     utc_now_iso,
 )
-from taskcard.producers.task_card.tool_failure import READ_FAILED, UNUSABLE_FILE, Coded
+from taskcard.producers.task_card.tool_failure import (
+    READ_FAILED,
+    UNUSABLE_FILE,
+    Coded,
+    Names,
+    Way,
+    worded,
+)
 from taskcard.producers.task_card.workdir_arg import (
     PATH_MAX,
     WorkdirError,
@@ -78,6 +85,14 @@ PROVIDER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/ -]{0,63}")
 # A folder's identity: the same folder under any name (a link, `..`, a bind mount, another
 # case on a case-insensitive file system) has the same one.
 _Identity = tuple[int, int]
+# `spawn`'s fields as each way in names them (`tool_failure.worded`): its errors start with
+# the field and name the options as `taskcard spawn` spells them; the child's folder is
+# `--workdir` there and the MCP tool's `child_workdir` (the Python API says `workdir`, as
+# every agent-side API names the folder it is given).
+_NAMES: Final = Names(
+    options=frozenset(("workdir", "parent", "reason", "provider", PARENT_WORKDIR, "max_depth")),
+    mcp={"workdir": "child_workdir"},
+)
 
 
 class LineageError(Coded):
@@ -331,8 +346,38 @@ def spawn(
     parent_workdir: Path | None = None,
     max_depth: int = DEFAULT_MAX_DEPTH,
     clock: Callable[[], str] = utc_now_iso,
+    way: Way = "python",
 ) -> dict[str, Any]:
-    """Write `<child>/lineage.json` and return the record; raises `LineageError`."""
+    """Write `<child>/lineage.json` and return the record; raises `LineageError`, said for
+    `way`: naming this function's parameters, or the command line's options (`cli`) or the
+    MCP tool's fields (`mcp`)."""
+    try:
+        return _spawn(
+            child,
+            parent=parent,
+            reason=reason,
+            provider=provider,
+            parent_workdir=parent_workdir,
+            max_depth=max_depth,
+            clock=clock,
+        )
+    except LineageError as exc:
+        exc.args = (worded(str(exc), way, _NAMES),)
+        raise
+
+
+def _spawn(
+    child: Path,
+    *,
+    parent: str,
+    reason: str,
+    provider: str | None,
+    parent_workdir: Path | None,
+    max_depth: int,
+    clock: Callable[[], str],
+) -> dict[str, Any]:
+    """`spawn`, its errors written once: the field first, the options as the command line
+    spells them (`spawn` says them for its way in)."""
     if not isinstance(parent, str) or not AGENT_ID.fullmatch(parent):
         raise LineageError(f"parent: the parent's agent id, {AGENT_ID_RULE}")
     if reason is not None and not isinstance(reason, str):
@@ -416,12 +461,12 @@ def _spawn_locked(
         raise LineageError(
             f"parent_workdir: the lineage.json of {_named(child)} records its parent's"
             f" folder ({_named(recorded[PARENT_WORKDIR])}); give it again as"
-            " parent_workdir (a retry names the same parent)"
+            " --parent-workdir (a retry names the same parent)"
         )
     if depth > max_depth:
         raise LineageError(
             f"depth: this spawn would be depth {depth}, over the cap of {max_depth}; "
-            "do the work in this agent, or ask a person to raise the cap (max_depth)"
+            "do the work in this agent, or ask a person to raise the cap (--max-depth)"
         )
     parent_text = None if parent_at is None else str(parent_at)
     # A retry (the recorded parent again) keeps the recorded creation time: the agent was

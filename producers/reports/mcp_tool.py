@@ -284,14 +284,10 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
             provider=arguments.get("provider"),
             parent_workdir=workdir,
             max_depth=arguments.get("max_depth", DEFAULT_MAX_DEPTH),
+            way="mcp",  # the child's folder is `child_workdir` (this tool's own is the parent's)
         )
     except LineageError as exc:
-        # The Python API and the command line call the child's folder `workdir`; here it is
-        # `child_workdir` (this tool's own workdir is the parent's).
-        message = str(exc)
-        if message.startswith("workdir:"):
-            message = "child_" + message
-        return failed(exc.code, message)
+        return failed(exc.code, str(exc))
     except OSError as exc:
         # Which lineage.json, and what to do: a folder in the way at the child's
         # lineage.json said only "cannot write lineage.json: Is a directory".

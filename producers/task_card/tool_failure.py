@@ -9,11 +9,20 @@ tools answered a message alone, and each built that dict in its own copy.
 
 The errors the tools' Python APIs raise (`LedgerError`, `ReportError`, `LineageError`) carry
 the code of their failure (`Coded`), so a tool answers it without reading the words.
+
+Those errors are written once and said for each way in by `worded`: a message starts with
+the field at fault (`max_depth: must be 1..32`) and names in its fix the options as the command
+line spells them (`give --bytes`). The command line says the field as its option
+(`--max-depth: ...`); MCP keeps the field and says each option as its field (`observed_bytes`);
+Python says each as its parameter (`observed_bytes=`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
 # An argument of the call is wrong (missing, of the wrong type, out of range, not a field of
 # the tool, or a value its rules refuse): the message starts with the field's name. The code
@@ -63,3 +72,60 @@ class Coded(ValueError):
         super().__init__(message)
         if code is not None:
             self.code = code
+
+
+# The way in an error is said for: the command line, an MCP tool or the Python API.
+Way = Literal["cli", "mcp", "python"]
+# The field a message starts with: `max_depth: ...`, before anything else.
+_LEADING_FIELD: Final = re.compile(r"^([a-z][a-z_]*)(?=: )")
+# An option as a message writes one in its fix: after a space or a bracket, never inside a
+# quoted path or id; with its placeholder when it has one (`--ledger PATH`).
+_OPTION: Final = re.compile(r"(?<=[ (])--([a-z][a-z-]*)(?: [A-Z_]+)?")
+
+
+@dataclass(frozen=True)
+class Names:
+    """What one tool's fields are called on each way in.
+
+    `options`: the fields that are options of its commands (`--` and `-` for `_`, but as
+    `renamed` says: `observed_bytes` is `--bytes`); a leading field among them is said as
+    its option on the command line. `mcp` and `python`: a field called otherwise there (the
+    child's `workdir` is MCP's `child_workdir`). `references`: a command line phrase and what
+    it is on the other ways (`` `taskcard ledger --help` `` is "the ledger tool's schema")."""
+
+    options: frozenset[str]
+    renamed: Mapping[str, str] = field(default_factory=dict)
+    mcp: Mapping[str, str] = field(default_factory=dict)
+    python: Mapping[str, str] = field(default_factory=dict)
+    references: Mapping[Way, tuple[tuple[re.Pattern[str], str], ...]] = field(default_factory=dict)
+
+    def option(self, name: str) -> str:
+        """The field's option as a person types it: `--bytes` for `observed_bytes`."""
+        return "--" + self.renamed.get(name, name.replace("_", "-"))
+
+    def field_of(self, option: str) -> str:
+        """The field an option (`bytes`, without `--`) sets."""
+        fields = {spelt: name for name, spelt in self.renamed.items()}
+        return fields.get(option, option.replace("-", "_"))
+
+
+def worded(message: str, way: Way, names: Names) -> str:
+    """A tool's error (written with its field first and the command line's options in the
+    fix) said as `way` names them: the leading field as its option on the command line, each
+    option as its field over MCP, as a keyword argument (`step=`) in Python. Saying it again
+    changes nothing."""
+    for pattern, words in names.references.get(way, ()):
+        message = pattern.sub(words, message)
+    if way == "cli":
+        return _LEADING_FIELD.sub(
+            lambda found: names.option(found[1]) if found[1] in names.options else found[1],
+            message,
+            count=1,
+        )
+    ours = names.mcp if way == "mcp" else names.python
+    after = "=" if way == "python" else ""
+    message = _OPTION.sub(
+        lambda found: ours.get(names.field_of(found[1]), names.field_of(found[1])) + after,
+        message,
+    )
+    return _LEADING_FIELD.sub(lambda found: ours.get(found[1], found[1]), message, count=1)

@@ -173,9 +173,9 @@ def test_spawn_records_lineage_with_depth_and_refuses_past_the_cap(tmp_path: Pat
     assert b"depth 4, over the cap of 3" in refused.stderr
     assert not (dirs[4] / "lineage.json").exists()
     blank = taskcard("spawn", "--workdir", str(dirs[4]), "--parent", "a3", "--reason", "  ")
-    assert (blank.returncode, blank.stderr.split(b":")[1].strip()) == (2, b"reason")
+    assert (blank.returncode, blank.stderr.split(b":")[1].strip()) == (2, b"--reason")
     unseen = taskcard("spawn", "--workdir", str(dirs[4]), "--parent", "a3", "--reason", "\u200b")
-    assert (unseen.returncode, unseen.stderr.split(b":")[1].strip()) == (2, b"reason")
+    assert (unseen.returncode, unseen.stderr.split(b":")[1].strip()) == (2, b"--reason")
     assert b"invisible characters" in unseen.stderr and not (dirs[4] / "lineage.json").exists()
 
     # `_a3` has only allowed characters; the message said so little that it looked valid.
@@ -282,7 +282,7 @@ def test_spawn_with_an_undecodable_reason_exits_2_naming_it(tmp_path: Path) -> N
         check=False,
     )
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(b"taskcard spawn: reason: holds bytes that are not UTF-8")
+    assert done.stderr.startswith(b"taskcard spawn: --reason: holds bytes that are not UTF-8")
     assert not (child / "lineage.json").exists()
 
 
@@ -293,7 +293,7 @@ def test_a_child_folder_not_created_yet_is_refused_saying_what_to_create(tmp_pat
     )
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.decode().splitlines()
-    assert line.startswith("taskcard spawn: workdir: "), line
+    assert line.startswith("taskcard spawn: --workdir: "), line
     assert line.endswith("is not a directory; create the child's working directory first"), line
     assert not (tmp_path / "later").exists()
 
@@ -447,7 +447,7 @@ async def test_spawn_refuses_a_child_folder_that_holds_the_parent_in_every_entry
             "--parent-workdir", str(parent),
         )  # fmt: skip
         assert done.returncode == 2, done.stderr
-        assert done.stderr.startswith(b"taskcard spawn: workdir: "), done.stderr
+        assert done.stderr.startswith(b"taskcard spawn: --workdir: "), done.stderr
         assert b"holds the parent's workdir" in done.stderr
     # The parent named through a link, the child by its real path: the same folder.
     done = taskcard(
@@ -478,7 +478,7 @@ def test_spawn_never_rewrites_who_created_a_child(tmp_path: Path) -> None:
         spawn(child, parent="b", reason="second")
     done = taskcard("spawn", "--workdir", str(child), "--parent", "b", "--reason", "second")
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(b"taskcard spawn: workdir: "), done.stderr
+    assert done.stderr.startswith(b"taskcard spawn: --workdir: "), done.stderr
     assert b"a folder of its own" in done.stderr and b"remove its lineage.json" in done.stderr
     assert json.loads((child / "lineage.json").read_text())["reason"] == "retried"
     (child / "lineage.json").write_text("{not json")

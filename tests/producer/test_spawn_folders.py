@@ -63,7 +63,7 @@ def cli_spawn(
 
 def refused_by_cli(done: subprocess.CompletedProcess[bytes], *words: str) -> None:
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(b"taskcard spawn: workdir: "), done.stderr
+    assert done.stderr.startswith(b"taskcard spawn: --workdir: "), done.stderr
     for word in words:
         assert word.encode() in done.stderr, done.stderr
     assert b"Traceback" not in done.stderr
@@ -210,8 +210,8 @@ def test_the_recorded_parent_folder_is_kept_on_a_retry(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(b"taskcard spawn: parent_workdir: "), done.stderr
-    assert b"give it again as parent_workdir" in done.stderr
+    assert done.stderr.startswith(b"taskcard spawn: --parent-workdir: "), done.stderr
+    assert b"give it again as --parent-workdir" in done.stderr
     with pytest.raises(LineageError, match=r"^workdir: .* already recorded as the child of 'a' in"):
         spawn(child, parent="a", reason="moved", parent_workdir=b)
     assert json.loads((child / "lineage.json").read_text()) | {"created_at": None} == {
@@ -263,7 +263,7 @@ def test_a_hand_written_loop_above_the_parent_ends_the_walk(tmp_path: Path) -> N
     (tmp_path / "fresh").mkdir()
     done = cli_spawn(str(tmp_path / "fresh"), "0", str(links[0]), tmp_path)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(b"taskcard spawn: parent_workdir: "), done.stderr
+    assert done.stderr.startswith(b"taskcard spawn: --parent-workdir: "), done.stderr
     assert b"more than 1024 folders" in done.stderr and b"fix or remove" in done.stderr
     assert b"chain/1024/lineage.json" in done.stderr
     assert not (tmp_path / "fresh" / "lineage.json").exists()
@@ -281,7 +281,7 @@ def test_a_parent_folder_name_too_long_is_named_as_the_parent_s(tmp_path: Path) 
     # how long pytest's folder is: a longer base folder left no "zzz" in the line.
     named = quoted(str(tmp_path / ("z" * 5000)))
     assert done.stderr.decode() == (
-        f"taskcard spawn: parent_workdir: {named} cannot be used (File name too long); give the"
+        f"taskcard spawn: --parent-workdir: {named} cannot be used (File name too long); give the"
         " parent's working directory, or leave it out\n"
     )
     assert not (child / "lineage.json").exists()
