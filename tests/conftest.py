@@ -93,6 +93,33 @@ def _short_dir() -> Iterator[Path]:
 TASKCARD_MODULE = (sys.executable, "-m", "taskcard.bridge.cli")
 
 
+# `taskcard` whose `os.open` of a path ending in one of NAMES fails with EIO (`failing_open`).
+_FAILING_OPEN = """
+import errno, os, sys
+NAMES, READS_ONLY = {names!r}, {reads_only!r}
+real_open = os.open
+def failing(path, flags, *args, **kwargs):
+    name = os.fspath(path)
+    reading = flags & os.O_ACCMODE == os.O_RDONLY
+    if isinstance(name, str) and name.endswith(NAMES) and (reading or not READS_ONLY):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), name)
+    return real_open(path, flags, *args, **kwargs)
+os.open = failing
+from taskcard.bridge.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def failing_open(*names: str, reads_only: bool = False) -> tuple[str, ...]:
+    """`taskcard`, as `mcp_session` or a subprocess starts it, whose `os.open` of a path
+    ending in one of `names` fails with EIO (only when opened for reading, with
+    `reads_only`): the system failing, not our code. No file system fails on demand (FUSE
+    aside), and `/proc/self/mem`, whose read fails so, is a link out of the workdir that the
+    workdir's own files may not be."""
+    code = _FAILING_OPEN.format(names=tuple(names), reads_only=reads_only)
+    return (sys.executable, "-c", code)
+
+
 def mcp_server(
     workdir: Path, runtime_dir: Path, taskcard: Sequence[str] = TASKCARD_MODULE
 ) -> StdioServerParameters:

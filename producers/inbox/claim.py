@@ -51,6 +51,7 @@ from taskcard.producers.inbox.contract import (
 from taskcard.producers.inbox.holders import judge, record_bytes
 from taskcard.producers.task_card.contract import (
     LOOP_OF_LINKS,
+    cannot_read,
     line_break_first,
     link_loop,
     open_appending,
@@ -74,6 +75,18 @@ Clock = Callable[[], str]
 
 class InboxUnsafe(OSError):
     """`inbox` or a subfolder is a link or not a directory: refused, never followed."""
+
+
+class InboxReadFailed(OSError):
+    """The system failed a read of the inbox's folders (an I/O error): the text names the
+    folder, the errno and the fix (`contract.cannot_read`); it said "cannot read the inbox:
+    Input/output error", naming neither."""
+
+    def __init__(self, shown: str, exc: OSError) -> None:
+        super().__init__(exc.errno, f"{shown}: {cannot_read(exc)}")
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 @dataclass
@@ -106,7 +119,7 @@ def _open_dir(
                     f"{shown} is a symlink or not a directory; refusing to follow it "
                     f"(remove {shown}; the service recreates the inbox)"
                 ) from None
-            raise
+            raise InboxReadFailed(shown, exc) from None
     return None
 
 
@@ -169,18 +182,28 @@ def _inbox(
             os.close(fd)
 
 
-def _read(name: str, dir_fd: int) -> tuple[bytes, int] | None:
-    """The bytes and inode of a regular file (bounded), or None when it is gone or odd."""
+# What opening a message file meets when it is gone (claimed or cancelled meanwhile) or is
+# a link (`O_NOFOLLOW`): no message, and nothing the system failed.
+_NOT_A_MESSAGE: Final = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ENXIO)
+
+
+def _read(name: str, dir_fd: int, failed: list[OSError] | None = None) -> tuple[bytes, int] | None:
+    """The bytes and inode of a regular file (bounded), or None when it is gone or odd, or
+    its read failed (then added to `failed`, when given)."""
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
-    except OSError:
+    except OSError as exc:
+        if failed is not None and exc.errno not in _NOT_A_MESSAGE:
+            failed.append(exc)
         return None  # claimed or cancelled meanwhile, or a link: not a message
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return None
         return os.read(fd, MAX_MESSAGE_BYTES + 1), info.st_ino
-    except OSError:
+    except OSError as exc:
+        if failed is not None:
+            failed.append(exc)
         return None
     finally:
         os.close(fd)
@@ -207,7 +230,11 @@ def _odd_entry(name: str, dir_fd: int) -> str | None:
 
 def _scan(queued_fd: int) -> tuple[list[tuple[Message, int]], list[str]]:
     """Every valid queued message with its inode, oldest first, and what was wrong."""
-    names = sorted(n for n in os.listdir(queued_fd) if n.endswith(".json"))[:MAX_FILES]
+    try:
+        listed = os.listdir(queued_fd)
+    except OSError as exc:
+        raise InboxReadFailed(f"{INBOX_DIR}/{QUEUED_DIR}/", exc) from None
+    names = sorted(n for n in listed if n.endswith(".json"))[:MAX_FILES]
     found: list[tuple[Message, int]] = []
     problems: list[str] = []
     for name in names:
@@ -215,7 +242,11 @@ def _scan(queued_fd: int) -> tuple[list[tuple[Message, int]], list[str]]:
         if not MESSAGE_ID.fullmatch(ident):
             problems.append(f"inbox/queued/{name[:80]!r}: not a message id; file left alone")
             continue
-        read = _read(name, queued_fd)
+        failed: list[OSError] = []
+        read = _read(name, queued_fd, failed)
+        if failed:  # the system's failure: the message stays queued for the next read
+            problems.append(f"inbox/queued/{name}: {cannot_read(failed[0])}; it stays queued")
+            continue
         if read is None:
             odd = _odd_entry(name, queued_fd)
             if odd is not None:

@@ -18,7 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
-from taskcard.producers.inbox.claim import Batch, Claim, InboxUnsafe, claiming, peek
+from taskcard.producers.inbox.claim import (
+    Batch,
+    Claim,
+    InboxReadFailed,
+    InboxUnsafe,
+    claiming,
+    peek,
+)
 from taskcard.producers.inbox.contract import frame
 from taskcard.producers.inbox.output import PATIENCE_S, Output
 from taskcard.producers.task_card.contract import counted, terminal_json
@@ -50,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     except (InboxUnsafe, WorkdirError) as exc:  # a folder to fix, a workdir in a loop or gone
         print(f"taskcard inbox: {exc}", file=sys.stderr)
         return 2
+    except InboxReadFailed as exc:  # names the folder, the errno and the fix
+        print(f"taskcard inbox: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"taskcard inbox: cannot read the inbox: {exc}", file=sys.stderr)
         return 1

@@ -13,7 +13,14 @@ from __future__ import annotations
 import sys
 from typing import Any, Final
 
-from taskcard.producers.inbox.claim import InboxUnsafe, acknowledge, claim, peek, release
+from taskcard.producers.inbox.claim import (
+    InboxReadFailed,
+    InboxUnsafe,
+    acknowledge,
+    claim,
+    peek,
+    release,
+)
 from taskcard.producers.task_card.runtime import HostPaths
 from taskcard.producers.task_card.tool_failure import (
     BAD_ARGUMENTS,
@@ -79,6 +86,8 @@ def call_inbox(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
             more = bool(peek(paths.workdir).messages)
     except InboxUnsafe as exc:  # a folder of the inbox that is a link or no folder
         return failed(UNUSABLE_FILE, str(exc))
+    except InboxReadFailed as exc:  # the system failed a read: the folder, errno and fix
+        return failed(READ_FAILED, str(exc))
     except WorkdirError as exc:  # the workdir inside a loop of links since the server began
         return failed(WORKDIR_GONE, str(exc))
     except OSError as exc:

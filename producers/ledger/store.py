@@ -62,6 +62,7 @@ from taskcard.producers.task_card.contract import (
     NotRegularFile,
     OutsideWorkdir,
     atomic_write,
+    cannot_read,
     make_folder,
     open_lock,
     open_regular,
@@ -458,16 +459,8 @@ class Ledger:
             return LedgerError(
                 f"ledger {self.shown}: cannot read it ({exc.strerror})", code=UNUSABLE_FILE
             )
-        name = errno.errorcode.get(exc.errno or 0)
-        why = f"{exc.strerror}, {name}" if name else str(exc.strerror or exc)
-        fix = (
-            "give yourself read access to it and to the folders above it"
-            if exc.errno in (errno.EACCES, errno.EPERM)
-            else "nothing is wrong with the name: call again, and if it keeps failing, check"
-            " the file system that holds it"
-        )
         # The system's failure, not the caller's input: `LedgerReadFailed` (exit 1).
-        return LedgerReadFailed(f"ledger {self.shown}: cannot read it ({why}); {fix}")
+        return LedgerReadFailed(f"ledger {self.shown}: {cannot_read(exc)}")
 
     @_worded
     def task(self, task_id: str) -> TaskRecord:

@@ -206,7 +206,9 @@ def run_report(args: argparse.Namespace) -> int:
             drain_stdin(DRAIN_MAX_BYTES, DRAIN_WITHIN_S)
         return code
     except ReportError as exc:
-        return _fail("report", str(exc))
+        # The reports file the system failed to read (EIO) is a failure, 1, as a failed
+        # write is (it was refused as one); its other refusals are input to mend, 2.
+        return _fail("report", str(exc), 1 if exc.code == READ_FAILED else 2)
     except OSError as exc:
         return _fail("report", write_problem(exc, args.workdir), 1)
     _print(record)
@@ -218,7 +220,7 @@ def run_reports(args: argparse.Namespace) -> int:
         reports = Reports(args.workdir, channel="cli")
         report = reports.after(args.after)
     except ReportError as exc:
-        return _fail("reports", str(exc))
+        return _fail("reports", str(exc), 1 if exc.code == READ_FAILED else 2)
     except OSError as exc:
         return _fail("reports", f"cannot read reports/: {exc.strerror}", 1)
     # Broken lines read past are said on stderr, the answer and its exit code unchanged: the

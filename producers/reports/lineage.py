@@ -45,6 +45,7 @@ from taskcard.producers.task_card.contract import (
     LOOP_OF_LINKS,
     NotRegularFile,
     atomic_write,
+    dangling_link,
     iso_utc,
     json_kind,
     link_loop,
@@ -114,7 +115,17 @@ def read_lineage(workdir: Path) -> dict[str, Any] | None:
         # Never a plain open: a named pipe there blocked the spawn, /dev/zero filled memory.
         raw = read_regular(path, MAX_FILE_BYTES + 1)
     except FileNotFoundError:
-        return None
+        # A link at lineage.json (or a folder link on its way) that leads nowhere is a
+        # broken record, as a loop of links is: read as none, a parent's chain lost its
+        # depth and the spawn under it escaped the cap.
+        dangling = dangling_link(path, "cannot be read: ")
+        if dangling is None:
+            return None
+        raise LineageError(
+            f"{path} {dangling}; restore what it points to, or remove the link (then the"
+            " agent counts as a root)",
+            code=UNUSABLE_FILE,
+        ) from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             # The link round the loop, named in the words of every reader (`link_loop`):

@@ -42,6 +42,7 @@ from taskcard.producers.task_card.contract import (
     NotRegularFile,
     OutsideWorkdir,
     atomic_write,
+    cannot_read,
     cannot_write,
     count_field,
     file_kind,
@@ -57,7 +58,7 @@ from taskcard.producers.task_card.contract import (
     shows_text,
     utc_now_iso,
 )
-from taskcard.producers.task_card.tool_failure import UNUSABLE_FILE, Coded
+from taskcard.producers.task_card.tool_failure import READ_FAILED, UNUSABLE_FILE, Coded
 from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path, not_a_directory
 
 REPORTS_DIR: Final = "reports"
@@ -436,14 +437,27 @@ class Reports:
             return
         with handle:
             number = 0
-            while line := handle.readline(MAX_LINE_BYTES + 1):
+            while line := self._reading(handle.readline, MAX_LINE_BYTES + 1):
                 number += 1
                 if len(line) > MAX_LINE_BYTES:
                     while line and not line.endswith(b"\n"):  # the rest of the long line
-                        line = handle.readline(MAX_LINE_BYTES)
+                        line = self._reading(handle.readline, MAX_LINE_BYTES)
                     yield number, None
                     continue
                 yield number, line
+
+    def _reading(self, read: Callable[[int], bytes], size: int) -> bytes:
+        """`read(size)` of the reports file, a failure of the system's said as one."""
+        try:
+            return read(size)
+        except OSError as exc:
+            raise self._read_failed(exc) from None
+
+    def _read_failed(self, exc: OSError) -> ReportError:
+        """A read of the reports file the system failed (an I/O error): named, with the
+        errno and the fix (`contract.cannot_read`). A report was refused as a write the
+        system refused ("move what is in the way aside"), and `reports` named the folder."""
+        return ReportError(f"{REPORTS_DIR}/{REPORTS_FILE}: {cannot_read(exc)}", code=READ_FAILED)
 
     def _open_reports(self) -> BinaryIO | None:
         """The reports file opened for reading, None when there is none. Like every writer,
@@ -457,6 +471,8 @@ class Reports:
             raise self._outside() from None
         except NotRegularFile:
             raise self._not_regular(os.stat(self.path).st_mode) from None
+        except OSError as exc:
+            raise self._read_failed(exc) from None
 
     def _with_payload(self, report: dict[str, Any]) -> dict[str, Any]:
         """The report with its payload text, read from its side file (bounded)."""
@@ -536,14 +552,14 @@ class Reports:
             size = handle.seek(0, os.SEEK_END)
             start = max(0, size - TAIL_BYTES)
             handle.seek(start)
-            data = handle.read(TAIL_BYTES)
+            data = self._reading(handle.read, TAIL_BYTES)
             first = 1
             if start > 0:
                 # The lines before the tail, counted in bounded chunks; the tail's first
                 # (partial) line is left out.
                 handle.seek(0)
                 left = start
-                while left > 0 and (chunk := handle.read(min(left, 1 << 20))):
+                while left > 0 and (chunk := self._reading(handle.read, min(left, 1 << 20))):
                     first += chunk.count(b"\n")
                     left -= len(chunk)
         # Split at line feeds only, as `readline` does (`splitlines` also splits at a carriage

@@ -1215,3 +1215,20 @@ def cannot_write(where: object, exc: OSError) -> str:
         f"cannot write {shown} ({exc.strerror or exc}); move what is in the way aside or make"
         " it writable"
     )
+
+
+def cannot_read(exc: OSError) -> str:
+    """The words, after a file's name, for a read the system failed or refused, one wording
+    for every agent-side reader (the ledger, reports, the inbox, lineage): the system's words
+    with the errno, and the fix: "cannot read it (Input/output error, EIO); nothing is wrong
+    with the name: call again, and if it keeps failing, check the file system that holds it"
+    (for EACCES and EPERM: give yourself read access)."""
+    name = errno.errorcode.get(exc.errno or 0)
+    why = f"{exc.strerror}, {name}" if name else str(exc.strerror or exc)
+    fix = (
+        "give yourself read access to it and to the folders above it"
+        if exc.errno in (errno.EACCES, errno.EPERM)
+        else "nothing is wrong with the name: call again, and if it keeps failing, check"
+        " the file system that holds it"
+    )
+    return f"cannot read it ({why}); {fix}"

@@ -22,21 +22,10 @@ import pytest
 
 from taskcard.producers.ledger import Ledger, LedgerError
 from taskcard.producers.ledger.store import DEFAULT_LEDGER
-from tests.conftest import mcp_session
+from tests.conftest import failing_open, mcp_session
 
 # `taskcard` whose `os.open` of a path ending in the default ledger's name fails with EIO.
-FAULTY_TASKCARD = f"""
-import errno, os, sys
-NAME = {str(DEFAULT_LEDGER)!r}
-real_open = os.open
-def failing(path, *args, **kwargs):
-    if os.fspath(path).endswith(NAME):
-        raise OSError(errno.EIO, os.strerror(errno.EIO), os.fspath(path))
-    return real_open(path, *args, **kwargs)
-os.open = failing
-from taskcard.bridge.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
+FAULTY_TASKCARD = failing_open(str(DEFAULT_LEDGER))
 
 EIO_WORDS = (
     ": cannot read it (Input/output error, EIO); nothing is wrong with the name: call again,"
@@ -93,7 +82,7 @@ async def test_the_mcp_ledger_tool_says_which_file_why_and_the_fix(
     taskcard: tuple[str, ...] = (sys.executable, "-m", "taskcard.bridge.cli")
     if kind == "EIO":
         said = EIO_WORDS
-        taskcard = (sys.executable, "-c", FAULTY_TASKCARD)
+        taskcard = FAULTY_TASKCARD
     else:
         said = _unreadable(workdir, kind)
     path = workdir / DEFAULT_LEDGER  # tmp_path is resolved already, as the server resolves
@@ -123,7 +112,7 @@ def test_the_command_line_exits_1_for_an_io_error_and_2_for_the_files_own_proble
         assert done.stderr == f"taskcard ledger: ledger /proc/self/mem{EIO_WORDS}\n", done.stderr
     # An EIO at the default ledger, from a `taskcard` whose `os.open` fails for its name.
     done = subprocess.run(
-        [sys.executable, "-c", FAULTY_TASKCARD, "ledger", "show", *where],
+        [*FAULTY_TASKCARD, "ledger", "show", *where],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 1, done
