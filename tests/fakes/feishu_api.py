@@ -16,7 +16,9 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
   Cards are validated (JSON object, card 2.0 needs `body.elements`) and bounded to 30 KB,
   text messages to 150 KB (230025). A body `uuid` (at most 50 characters, else 230001)
   deduplicates: the same uuid within an hour of the fake's wall clock answers the first
-  message again, posting nothing.
+  message again, posting nothing. `delay_answers`, `hold_answers` and `drop_after_accept`
+  post the message at once and answer late, not until released, or never (the connection
+  closed): a client that gave up and sends again with the same uuid gets the first message.
 - `POST /open-apis/im/v1/messages/:id/reply`: a reply to a message of the chat (the bot's
   own or a person's command from `command_event`), with the create body's `msg_type`,
   `content` and `uuid` (the same uuid table as a create) plus `reply_in_thread`: true posts
@@ -329,6 +331,10 @@ class FakeFeishu:
         self.stopped_bot: set[str] = set()
         self._chat_failures: dict[str, ScriptedError] = {}
         self._chat_delays_s: dict[str, float] = {}
+        # Per operation ("send", "reply"): answers given late, held, or dropped after posting.
+        self._answer_delay_s: dict[str, float] = {}
+        self._answer_gates: dict[str, asyncio.Event] = {}
+        self._drops: dict[str, int] = {}
         self._scripts: dict[str, deque[ScriptedError]] = {}
         self._windows = _Windows()
         self._ids = itertools.count(1)
@@ -492,6 +498,40 @@ class FakeFeishu:
         """Answer every send to `chat_id` only after `seconds` (past the client's timeout),
         until `clear_scripts`."""
         self._chat_delays_s[chat_id] = seconds
+
+    def delay_answers(self, operation: str, seconds: float) -> None:
+        """Post every `operation` ("send", "reply") at once but answer it `seconds` later (0:
+        at once)."""
+        self._answer_delay_s[operation] = seconds
+
+    def hold_answers(self, operation: str) -> None:
+        """Post every `operation` at once but answer none until `release_answers`."""
+        self._answer_gates.setdefault(operation, asyncio.Event())
+
+    def release_answers(self, operation: str) -> None:
+        """Answer the held calls of `operation`, and the next ones at once."""
+        gate = self._answer_gates.pop(operation, None)
+        if gate is not None:
+            gate.set()
+
+    def drop_after_accept(self, operation: str, times: int = 1) -> None:
+        """Post the next `times` calls of `operation`, then close each connection unanswered."""
+        self._drops[operation] = self._drops.get(operation, 0) + times
+
+    async def _accepted(self, request: web.Request, operation: str) -> None:
+        """The call was performed: answer it now, late, later, or never (see `delay_answers`)."""
+        if self._drops.get(operation, 0) > 0:
+            self._drops[operation] -= 1
+            transport = request.transport
+            if transport is not None:
+                transport.close()
+            raise web.HTTPServiceUnavailable()  # never reaches the client: it is gone
+        delay_s = self._answer_delay_s.get(operation, 0.0)
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
+        gate = self._answer_gates.get(operation)
+        if gate is not None:
+            await gate.wait()
 
     def _check_chat(self, chat_id: str) -> None:
         """Refuse any call about a message of a dissolved chat, as Feishu does (and of a chat
@@ -1067,6 +1107,7 @@ class FakeFeishu:
             first = self._first_with(uuid)
             if first is not None:
                 # A repeated send: the first message again, nothing posted, nothing counted.
+                await self._accepted(request, "send")
                 return self._answer(
                     request,
                     "send",
@@ -1083,6 +1124,7 @@ class FakeFeishu:
             return self._refusal(request, "send", refusal, chat_id, None)
         message = self._post(chat_id, str(msg_type), content, uuid, now)
         data = self._message_data(message)
+        await self._accepted(request, "send")
         return self._answer(
             request, "send", data=data, chat_id=chat_id, message_id=message.message_id
         )
@@ -1097,6 +1139,7 @@ class FakeFeishu:
             uuid = self._check_uuid(document)
             first = self._first_with(uuid)
             if first is not None:
+                await self._accepted(request, "reply")
                 return self._answer(
                     request,
                     "reply",
@@ -1139,6 +1182,7 @@ class FakeFeishu:
             root_id=target.root_id or target.message_id,
         )
         data = self._message_data(message)
+        await self._accepted(request, "reply")
         return self._answer(
             request, "reply", data=data, chat_id=chat_id, message_id=message.message_id
         )
