@@ -103,3 +103,30 @@ async def test_a_token_request_answers_the_live_token_until_half_an_hour_is_left
         now_s[0] += 1700
         assert not await works(first)
         assert await works(second)
+
+
+async def test_a_send_whose_answer_is_lost_is_posted_and_its_uuid_answers_it_again() -> None:
+    """`drop_after_accept` posts the message and closes the connection unanswered, as a
+    network that loses Feishu's answer does; a send again with the same uuid posts nothing
+    and answers the first message (Feishu: one message per uuid within an hour)."""
+    async with FakeFeishu() as fake, aiohttp.ClientSession() as session:
+        body = {"app_id": fake.app_id, "app_secret": fake.app_secret}
+        async with session.post(f"{fake.base_url}{TOKEN_PATH}", json=body) as answer:
+            token = (await answer.json())["tenant_access_token"]
+        url = f"{fake.base_url}/open-apis/im/v1/messages?receive_id_type=chat_id"
+        headers = {"Authorization": f"Bearer {token}"}
+        send = {
+            "receive_id": "oc_1",
+            "msg_type": "text",
+            "content": json.dumps({"text": "hello"}),
+            "uuid": "notice-1",
+        }
+        fake.drop_after_accept("send")
+        with pytest.raises(aiohttp.ClientError):
+            async with session.post(url, json=send, headers=headers) as answer:
+                await answer.read()
+        assert fake.texts("oc_1") == ["hello"]
+        async with session.post(url, json=send, headers=headers) as answer:
+            document = await answer.json()
+        assert document["code"] == 0
+        assert [m.message_id for m in fake.chat("oc_1")] == [document["data"]["message_id"]]
