@@ -3,8 +3,13 @@
 Every notice is recorded in the state store before anything is sent, in one of the states
 `pending` (to be sent), `folded` (over the route's cap, counted into a summary owed later,
 see `NoticeGate`), `suppressed` (people hid the cards there, or the route is disabled: never
-sent), then `delivered` or `failed`. The outbox owns every store call for notices and the
-queues the scheduler's lanes pull from:
+sent), then `delivered` or `failed`. On a platform that cannot deduplicate sends (Telegram:
+sendMessage takes no idempotency key) a notice is sent at most once: it is recorded `unsure`
+*before* its request goes out, set back to `pending` when the platform answers that it did
+not post it, and stays `unsure` when no answer came (a lost connection, an answer slower
+than the timeout, a crash or kill in the middle): it may be in the chat, and a second copy
+is worse than a missing one, so neither a retry nor a restart sends it again. The outbox owns
+every store call for notices and the queues the scheduler's lanes pull from:
 
 - `notify` records a notification for each route of its agent and queues what is pending;
 - `send_due_summaries` records and queues the summary of folded notices when it is due;
@@ -45,7 +50,7 @@ log = logging.getLogger(__name__)
 # Notices queued in one chat beyond this wait in the store (state "pending") for room.
 MAX_QUEUED: Final = 100
 
-NoticeOutcome = Literal["delivered", "failed"]
+NoticeOutcome = Literal["delivered", "failed", "unsure"]
 
 
 @dataclass(frozen=True)
@@ -243,6 +248,9 @@ class NoticeOutbox:
                 ref = NoticeRef(key, notice.notice_id)
                 if ref not in removed and ref in self._known:
                     self._withdrawn.add(ref)  # taken by a lane, waiting for its turn
+        # In flight and recorded `unsure` (see `sending`): should the platform answer that it
+        # did not post it, it is recorded suppressed then (`not_sent`), not pending.
+        self._withdrawn.update(ref for ref in self._known - removed if ref.route in keys)
 
     def _initial_state(self, key: RouteKey) -> NoticeState:
         return "suppressed" if self._quiet(key) else "pending"
@@ -298,11 +306,40 @@ class NoticeOutbox:
         else:
             queue.items.append(item)
 
+    def sending(self, item: QueuedNotice) -> None:
+        """Its request is about to go out on a platform that cannot deduplicate sends: record
+        it `unsure` first, so that a crash before the answer leaves it unsent by a restart
+        (at most once). Raises when the store cannot take it: then it is not sent now."""
+        key = item.ref.route
+        self._store.set_notice_state(key.store_key, item.ref.notice_id, "unsure")
+
+    def not_sent(self, item: QueuedNotice) -> None:
+        """The platform answered that it did not post it (rate limited, failing, refused
+        credentials): `pending` again, to be sent later (also by a restart). Best effort: a
+        store that fails now leaves it `unsure`, and only this run sends it again."""
+        key = item.ref.route
+        state: NoticeState = "suppressed" if item.ref in self._withdrawn else "pending"
+        try:
+            self._store.set_notice_state(key.store_key, item.ref.notice_id, state)
+        except Exception as error:
+            log.warning(
+                "%s: notice %s could not be recorded as unsent (%s); a restart does not send it",
+                key.channel,
+                item.ref.notice_id,
+                type(error).__name__,
+            )
+
+    def abandon(self, item: QueuedNotice) -> None:
+        """Stopped in the middle of its send: it stays `unsure` in the store, never sent again."""
+        self._known.discard(item.ref)
+        self._withdrawn.discard(item.ref)
+
     def done(
         self, item: QueuedNotice, outcome: NoticeOutcome, message_id: str | None = None
     ) -> None:
         """The platform's final answer for this notice; `message_id`, the message it posted."""
         self._known.discard(item.ref)
+        self._withdrawn.discard(item.ref)  # silenced while in flight: it went all the same
         key = item.ref.route
         self._store.set_notice_state(key.store_key, item.ref.notice_id, outcome)
         if outcome == "delivered" and message_id is not None:

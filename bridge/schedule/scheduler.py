@@ -1755,21 +1755,49 @@ class RouteScheduler:
         key = text.idempotency_key if isinstance(text, _Reply) else text.ref.idempotency_key
         reply_to = text.reply_to if isinstance(text, _Reply) else None
         where = f"{lane.channel}:{chat}"
+        # A notice on a platform that cannot deduplicate sends goes at most once (see the
+        # outbox): recorded `unsure` before the request, `pending` again on an answer.
+        outbox = self._outbox
+        once = text if isinstance(text, QueuedNotice) and outbox is not None else None
+        if once is not None and outbox is not None and channel.ambiguous_send_hold_s is not None:
+            try:
+                outbox.sending(once)
+            except Exception as error:
+                reservation.complete()
+                self._retry_later(
+                    text, f"{where}: the state store did not take the notice's send ({error})"
+                )
+                self._put_back(lane, text, front=False)
+                return
+        else:
+            once = None
         try:
             message_id = await channel.send(
                 chat, text.message, idempotency_key=key, reply_to=reply_to
             )
         except RateLimited as error:
+            self._not_sent(outbox, once)
             self._put_back(lane, text, front=True)
             self._rate_limited(error, where)
             return
+        except OutcomeUnknown as error:
+            if once is not None and outbox is not None:
+                # It may be in the chat: a copy is worse than a notice missing.
+                log.warning("%s: a notice may have been posted (%s); not sent again", where, error)
+                outbox.done(once, "unsure")
+                return
+            self._retry_later(text, f"{where}: transient failure ({error})")
+            self._put_back(lane, text, front=False)
+            return
         except Transient as error:
+            self._not_sent(outbox, once)
             self._retry_later(text, f"{where}: transient failure ({error})")
             self._put_back(lane, text, front=False)
             return
         except CredentialsRejected as error:
             # Not this notice's fault: it stays pending in the store, and a restart with
             # valid credentials sends it (marked failed, it was lost with the old token).
+            self._not_sent(outbox, once)
             if self._on_credentials_rejected is not None:
                 self._on_credentials_rejected(lane.channel, error)
             else:
@@ -1783,7 +1811,10 @@ class RouteScheduler:
                 self._forget_reply(text)
             return
         except BaseException:
-            self._put_back(lane, text, front=True)
+            if once is not None and outbox is not None:
+                outbox.abandon(once)  # it may have gone: it stays unsure
+            else:
+                self._put_back(lane, text, front=True)
             raise
         finally:
             reservation.complete()
@@ -1792,6 +1823,12 @@ class RouteScheduler:
         if isinstance(text, _Reply):
             self._forget_reply(text)
         self._remember_sent(channel, message_id)
+
+    @staticmethod
+    def _not_sent(outbox: NoticeOutbox | None, once: QueuedNotice | None) -> None:
+        """The platform answered without posting a notice sent at most once: pending again."""
+        if outbox is not None and once is not None:
+            outbox.not_sent(once)
 
     def _remember_sent(self, channel: Channel, message_id: str) -> None:
         """Keep the id of a message just posted where a reply does not say who wrote the

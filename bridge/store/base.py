@@ -29,7 +29,9 @@ READ_BATCH: Final = 500
 # which a card's next change posts a new message (remembered anew).
 SENT_KEEP_S = 30 * 86_400.0
 
-NoticeState = Literal["pending", "delivered", "suppressed", "failed", "folded"]
+# "unsure": a send that may have posted it (the request went out, no answer came back, or the
+# service stopped in the middle) on a platform that cannot deduplicate sends: never sent again.
+NoticeState = Literal["pending", "delivered", "suppressed", "failed", "folded", "unsure"]
 
 
 @dataclass(frozen=True)

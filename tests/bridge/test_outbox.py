@@ -192,6 +192,41 @@ def test_suppressing_withdraws_queued_and_in_flight_notices(store: SqliteStore) 
     assert store.notice_counts() == {"suppressed": 2}
 
 
+def test_a_notice_sent_at_most_once_is_unsure_until_answered(store: SqliteStore) -> None:
+    outbox = make(store)
+    outbox.channel_ready("rec")
+    outbox.notify([KEY], "a", error("n1"))
+    item = outbox.next_due(LANE, 0.0)
+    assert item is not None
+    outbox.take(item)
+    outbox.sending(item)  # recorded before the request: a crash now leaves it unsent
+    assert store.notice_counts() == {"unsure": 1} and store.pending_notices() == []
+    outbox.not_sent(item)  # the platform answered that it posted nothing: pending again
+    assert [p.notice_id for p in store.pending_notices()] == ["n1"]
+    outbox.put_back(item, front=True)
+    outbox.take(item)
+    outbox.sending(item)
+    outbox.done(item, "unsure")  # no answer: it may be in the chat, never sent again
+    assert store.notice_counts() == {"unsure": 1} and outbox.idle()
+
+
+def test_a_notice_silenced_while_its_send_is_unsure_is_not_pending_again(
+    store: SqliteStore,
+) -> None:
+    outbox = make(store)
+    outbox.channel_ready("rec")
+    outbox.notify([KEY], "a", error("n1"))
+    item = outbox.next_due(LANE, 0.0)
+    assert item is not None
+    outbox.take(item)
+    outbox.sending(item)
+    outbox.suppress([KEY])
+    outbox.not_sent(item)  # answered without posting: people silenced it meanwhile
+    outbox.put_back(item, front=True)
+    assert store.notice_counts() == {"suppressed": 1}
+    assert outbox.wanted(item) is False
+
+
 def test_a_restart_queues_what_was_left_pending(store: SqliteStore) -> None:
     store.add_notice(KEY.store_key, "old", "left over from the last run", "pending")
     store.add_notice("rec:-100:7:someone-else", "x", "not our route", "pending")

@@ -1,0 +1,222 @@
+"""Notices whose send got no answer, end to end: `taskcard serve` with one Telegram and one
+Feishu route of one agent, against fakes that post a message and then lose its answer, answer
+it after the client gave up, or hold it while the service is killed.
+
+Telegram's sendMessage takes no idempotency key, so a notice there is sent at most once: what
+may have been posted is never sent again, by a retry or by a restart. Feishu posts at most
+one message per `uuid`, so a notice there is retried with the same uuid, also after a restart,
+and still shows once. What is asserted is what people see: how often each chat shows the
+notice. Each test ends on a second notice and on no notice left pending, so that a retry
+the service was going to make has been made.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import TOKEN_ENV, ServeProcess, eventually, notify, publish, run_cli
+from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.telegram_api import FakeLimits, FakeTelegram
+
+TG_CHAT = -1009000000001
+FS_CHAT = "oc_notices"
+FIRST, SECOND = "renderer_timeout", "renderer_nonzero_exit"
+
+
+@pytest.fixture
+async def telegram() -> AsyncIterator[FakeTelegram]:
+    async with FakeTelegram(limits=FakeLimits.unlimited()) as server:
+        yield server
+
+
+@pytest.fixture
+async def feishu() -> AsyncIterator[FakeFeishu]:
+    async with FakeFeishu() as server:
+        yield server
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def feishu_sends(feishu: FakeFeishu) -> int:
+    """The send requests Feishu answered so far (a card's, a notice's, a repeated one's)."""
+    return sum(request.operation == "send" for request in feishu.requests)
+
+
+class Setup:
+    """One agent with a route on each platform; short send timeouts on both."""
+
+    def __init__(self, tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu) -> None:
+        self.workdir = tmp_path / "agents" / "builder"
+        self.workdir.mkdir(parents=True)
+        lines = [
+            'state_dir = ".taskcard"',
+            "[[agents]]",
+            'id = "builder"',
+            'workdir = "agents/builder"',
+            "[telegram]",
+            f'token_env = "{TOKEN_ENV}"',
+            f'api_base_url = "{telegram.base_url}"',
+            "poll_timeout_s = 1",
+            "send_timeout_s = 5",
+            "[telegram.limits]",
+            "group_chat = { max_calls = 1000, period_s = 60.0 }",
+            "[[telegram.routes]]",
+            f"chat_id = {TG_CHAT}",
+            'agents = ["builder"]',
+            "[feishu]",
+            'app_id_env = "TC_FS_APP_ID"',
+            'app_secret_env = "TC_FS_APP_SECRET"',
+            f'domain = "{feishu.base_url}"',
+            "request_timeout_s = 2",
+            'events = "webhook"',
+            "[feishu.webhook]",
+            'host = "127.0.0.1"',
+            f"port = {free_port()}",
+            'path = "/feishu/events"',
+            'verification_token_env = "TC_FS_VERIFY"',
+            'encrypt_key_env = "TC_FS_ENCRYPT"',
+            "[[feishu.routes]]",
+            f'chat_id = "{FS_CHAT}"',
+            'agents = ["builder"]',
+        ]
+        self.config = tmp_path / "taskcard.toml"
+        self.config.write_text("\n".join(lines) + "\n")
+        self.env = {
+            TOKEN_ENV: telegram.token,
+            "TC_FS_APP_ID": feishu.app_id,
+            "TC_FS_APP_SECRET": feishu.app_secret,
+            "TC_FS_VERIFY": "verify",
+            "TC_FS_ENCRYPT": "encrypt",
+        }
+        self.telegram, self.feishu = telegram, feishu
+
+    def serve(self) -> ServeProcess:
+        return ServeProcess(self.config, env=self.env)
+
+    def shown(self, code: str) -> tuple[int, int]:
+        """How often the Telegram chat and the Feishu chat show the notice of `code`."""
+        marker = f"[{code}]"
+        on_telegram = sum(marker in m.text for m in self.telegram.bot_messages(TG_CHAT))
+        return on_telegram, sum(marker in text for text in self.feishu.texts(FS_CHAT))
+
+    def pending(self) -> list[str]:
+        result = run_cli("status", "--config", str(self.config), "--json")
+        assert result.returncode == 0, result.stderr
+        routes = json.loads(result.stdout)["routes"]
+        return [notice for route in routes for notice in route["pending_notices"]]
+
+    async def cards_up(self) -> None:
+        publish(self.workdir, "# Build\nworking")
+        await eventually(
+            lambda: self.telegram.bot_messages(TG_CHAT) and self.feishu.cards(FS_CHAT),
+            timeout_s=60,
+            what="the cards on both platforms",
+        )
+
+    def notify(self, code: str) -> None:
+        notify(self.workdir, f"task_card.error:tc_1:1:{code}", "error", code=code)
+
+    async def settled(self) -> None:
+        """The second notice shown on both platforms and no notice left to send."""
+        await eventually(
+            lambda: self.shown(SECOND) >= (1, 1) and not self.pending(),
+            timeout_s=90,
+            what="the second notice shown and nothing pending",
+        )
+
+
+async def test_a_notice_whose_answer_is_lost_shows_once(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, telegram, feishu)
+    with setup.serve() as service:
+        await setup.cards_up()
+        # Each platform posts the notice, then closes the connection unanswered.
+        telegram.drop_after_accept("sendMessage")
+        feishu.drop_after_accept("send")
+        setup.notify(FIRST)
+        await eventually(lambda: setup.shown(FIRST) >= (1, 1), what="the notice posted")
+        setup.notify(SECOND)
+        await setup.settled()
+        assert setup.shown(FIRST) == (1, 1)
+        assert setup.shown(SECOND) == (1, 1)
+        assert await service.aterminate() == 0
+    assert "a notice may have been posted" in service.logs
+
+
+async def test_a_notice_answered_after_the_timeout_shows_once(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, telegram, feishu)
+    with setup.serve() as service:
+        await setup.cards_up()
+        # Posted at once, answered long after each client gave up (a slow Bot API).
+        telegram.delay_answers("sendMessage", 30)
+        feishu.delay_answers("send", 8)
+        sends = feishu_sends(feishu)
+        setup.notify(FIRST)
+        await eventually(lambda: setup.shown(FIRST) >= (1, 1), what="the notice posted")
+        await eventually(
+            lambda: "may have performed the request" in service.logs,
+            timeout_s=60,
+            what="the Telegram send given up",
+        )
+        await eventually(
+            lambda: feishu_sends(feishu) >= sends + 2,
+            timeout_s=60,
+            what="the Feishu send tried again",
+        )
+        telegram.delay_answers("sendMessage", 0)
+        feishu.delay_answers("send", 0)
+        setup.notify(SECOND)
+        await setup.settled()
+        assert setup.shown(FIRST) == (1, 1)
+        assert await service.aterminate() == 0
+
+
+async def test_a_kill_while_a_notice_awaits_its_answer_does_not_post_it_again(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, telegram, feishu)
+    with setup.serve() as service:
+        await setup.cards_up()
+        telegram.hold_answers("sendMessage")
+        feishu.hold_answers("send")
+        setup.notify(FIRST)
+        await eventually(lambda: setup.shown(FIRST) >= (1, 1), what="the notice posted")
+        service.kill()
+    telegram.release_answers("sendMessage")
+    feishu.release_answers("send")
+    with setup.serve() as again:
+        setup.notify(SECOND)
+        await setup.settled()
+        assert setup.shown(FIRST) == (1, 1)
+        assert await again.aterminate() == 0
+
+
+async def test_a_notice_refused_before_it_was_posted_is_sent_again_once(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    setup = Setup(tmp_path, telegram, feishu)
+    with setup.serve() as service:
+        await setup.cards_up()
+        # Answered without posting: a server error, then a 429 naming its wait.
+        telegram.fail_next("sendMessage", 500, "Internal Server Error")
+        telegram.fail_next("sendMessage", 429, "Too Many Requests", {"retry_after": 1})
+        feishu.script_error("send", 1, http_status=500, msg="internal error")
+        feishu.script_rate_limit("send", reset_s=1)
+        setup.notify(FIRST)
+        await eventually(lambda: setup.shown(FIRST) >= (1, 1), timeout_s=60, what="the notice")
+        setup.notify(SECOND)
+        await setup.settled()
+        assert setup.shown(FIRST) == (1, 1)
+        assert await service.aterminate() == 0
