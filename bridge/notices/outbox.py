@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 # Notices queued in one chat beyond this wait in the store (state "pending") for room.
 MAX_QUEUED: Final = 100
 
-NoticeOutcome = Literal["delivered", "failed", "unsure"]
+NoticeOutcome = Literal["delivered", "failed"]
 
 
 @dataclass(frozen=True)
@@ -330,7 +330,8 @@ class NoticeOutbox:
             )
 
     def abandon(self, item: QueuedNotice) -> None:
-        """Stopped in the middle of its send: it stays `unsure` in the store, never sent again."""
+        """No answer came to its send (or the service stopped in the middle): it stays
+        `unsure` in the store, as `sending` recorded it, and is never sent again."""
         self._known.discard(item.ref)
         self._withdrawn.discard(item.ref)
 

@@ -1765,7 +1765,9 @@ class RouteScheduler:
             except Exception as error:
                 reservation.complete()
                 self._retry_later(
-                    text, f"{where}: the state store did not take the notice's send ({error})"
+                    text,
+                    f"{where}: the state store did not take the notice's send"
+                    f" ({type(error).__name__})",  # not its text: a Redis error's can quote a key
                 )
                 self._put_back(lane, text, front=False)
                 return
@@ -1784,7 +1786,7 @@ class RouteScheduler:
             if once is not None and outbox is not None:
                 # It may be in the chat: a copy is worse than a notice missing.
                 log.warning("%s: a notice may have been posted (%s); not sent again", where, error)
-                outbox.done(once, "unsure")
+                outbox.abandon(once)  # recorded unsure before the request: it stays so
                 return
             self._retry_later(text, f"{where}: transient failure ({error})")
             self._put_back(lane, text, front=False)

@@ -206,7 +206,7 @@ def test_a_notice_sent_at_most_once_is_unsure_until_answered(store: SqliteStore)
     outbox.put_back(item, front=True)
     outbox.take(item)
     outbox.sending(item)
-    outbox.done(item, "unsure")  # no answer: it may be in the chat, never sent again
+    outbox.abandon(item)  # no answer: it may be in the chat, never sent again
     assert store.notice_counts() == {"unsure": 1} and outbox.idle()
 
 
