@@ -20,7 +20,6 @@ from zoneinfo import ZoneInfo
 
 from taskcard.bridge.compose.activity import movement_text
 from taskcard.bridge.compose.redact import redact
-from taskcard.bridge.notices.text import safe_error_code
 from taskcard.bridge.track.activity import ActivitySummary
 from taskcard.bridge.track.monitor import CardState
 from taskcard.channels.base import CardView
@@ -163,8 +162,10 @@ def health_row(card: CardState, now: datetime, zone: tzinfo = UTC) -> str | None
     if card.status == "active" and card.body_changed_at is not None:
         parts.append(f"card updated {format_at(card.body_changed_at, now, zone)}")
     if card.error_code is not None:
+        # No code: the card hears only an episode's first error (one notice per episode), and
+        # the renderer may fail otherwise since; the error notice names that first code.
         since = f" since {format_at(card.error_since, now, zone)}" if card.error_since else ""
-        parts.append(f"⚠ renderer error{since} ({safe_error_code(card.error_code)})")
+        parts.append(f"⚠ renderer failing{since}")
     if card.exhausted:
         parts.append("refresh budget used up")
     return "; ".join(parts) if parts else None

@@ -64,10 +64,16 @@ def safe_error_code(code: object) -> str:
     return code if isinstance(code, str) and code in ERROR_DESCRIPTIONS else "unknown"
 
 
-def _watch_suffix(notification: Notification) -> str:
+def _watch_id(notification: Notification) -> str | None:
+    """The watch a task card notification is about, when it is fit to show."""
     extra_id = notification.extra.get("watch_id")
     watch_id = notification.ref_id or (extra_id if isinstance(extra_id, str) else "")
-    return f" (watch {watch_id})" if _SAFE_WATCH_ID.fullmatch(watch_id) else ""
+    return watch_id if _SAFE_WATCH_ID.fullmatch(watch_id) else None
+
+
+def _watch_suffix(notification: Notification) -> str:
+    watch_id = _watch_id(notification)
+    return f" (watch {watch_id})" if watch_id else ""
 
 
 def notice_text(agent_id: str, notification: Notification) -> str | None:
@@ -89,7 +95,16 @@ def notice_text(agent_id: str, notification: Notification) -> str | None:
             " The last good card stays shown."
         )
     if notification.source == SOURCE_ERROR and state == "recovered":
-        return f"✅ {agent_id}: task card recovered{suffix}; it is refreshing again."
+        replaced_by = notification.extra.get("replaced_by")
+        failed = _watch_id(notification)
+        if isinstance(replaced_by, str) and _SAFE_WATCH_ID.fullmatch(replaced_by) and failed:
+            # The failed watch ended and a new one publishes: the card is back, not that watch.
+            return (
+                f"✅ {agent_id}: task card publishes again: watch {replaced_by} replaced"
+                f" watch {failed}, which had failed."
+            )
+        # Not "refreshing again": a retry of a stopped watch publishes once and stays stopped.
+        return f"✅ {agent_id}: task card recovered{suffix}: its renderer works again."
     if notification.source == SOURCE_LIMIT or (
         notification.source == SOURCE_ERROR and state == "limit"
     ):

@@ -64,7 +64,6 @@ from taskcard.bridge.notices.signals import (
     report_signal,
     report_summary,
 )
-from taskcard.bridge.notices.text import safe_error_code
 from taskcard.bridge.observe.metrics import ServiceSnapshot
 from taskcard.bridge.run import heap
 from taskcard.bridge.run.boards import BOARD_AGENT, ChatViews, board_key
@@ -3386,7 +3385,8 @@ class Service:
             if card.exhausted:
                 card_text += ", refreshes exhausted"
             if card.error_code:
-                card_text += f", renderer error ({safe_error_code(card.error_code)})"
+                # No code, as on the card: only an episode's first error is heard.
+                card_text += ", renderer failing"
             disabled = self._scheduler.disabled_reason(route.key)
             # The platform's words: one line, as every value in an entry.
             extra = f" — delivery disabled: {one_line_cut(disabled, 200)}" if disabled else ""

@@ -187,6 +187,7 @@ class AgentMonitor:
         "_activity",
         "_body_raw",
         "_card",
+        "_card_removed",
         "_card_signatures",
         "_clock",
         "_events",
@@ -222,6 +223,7 @@ class AgentMonitor:
         self._start_silence_s = start_silence_s
         self._card = CardState()
         self._card_signatures: tuple[FileSignature | None, ...] | None = None
+        self._card_removed = False  # inactive with no body: `remove` ended the card
         self._body_raw: bytes | None = None
         # The status file's signature and what it said, when it was last read successfully:
         # a body change (the usual one) then costs no second read of an unchanged status.
@@ -410,6 +412,13 @@ class AgentMonitor:
             card = replace(
                 card, status="inactive", status_changed_at=_mtime(status_sig) or self._clock()
             )
+        if status is not None:
+            # Removed (`remove` deletes the body): the watch whose error episode was open is
+            # gone, so the card no longer says its renderer fails (nor that it recovered);
+            # an error line read later from the history (a restart) is not applied either.
+            self._card_removed = status == "inactive" and body_sig is None
+        if self._card_removed and card.error_code is not None:
+            card = replace(card, error_code=None, error_since=None)
         self._card = card
 
     def _status(self, status_sig: FileSignature | None) -> CardStatus:
@@ -495,6 +504,8 @@ class AgentMonitor:
         state = notification.extra.get("state")
         at = notification.at or self._clock()
         if notification.source == SOURCE_ERROR and state == "error":
+            if self._card_removed:
+                return  # the removed card's watch (above): its episode is over
             code = notification.extra.get("code")
             self._card = replace(
                 card,

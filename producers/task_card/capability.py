@@ -448,14 +448,26 @@ class TaskCard:
                     watch_id=current.watch_id,
                 )
             self._starting = True
+            # A watch that ended during an error episode (stopped or exhausted, not removed:
+            # a removed card is over) has it still open: the new watch's first publication
+            # ends it, and the chats are told so, or their last word stays the error.
+            failed = (
+                current
+                if current is not None and current.error is not None and not current.removed
+                else None
+            )
         try:
-            return self._start_locked_out(request, renderer, cancel or threading.Event())
+            return self._start_locked_out(request, renderer, cancel or threading.Event(), failed)
         finally:
             with self._lock:
                 self._starting = False
 
     def _start_locked_out(
-        self, request: StartInput, renderer: Path, cancel: threading.Event
+        self,
+        request: StartInput,
+        renderer: Path,
+        cancel: threading.Event,
+        failed: _Watch | None,
     ) -> Result:
         try:
             settings = load_settings(self.paths)
@@ -505,6 +517,14 @@ class TaskCard:
                 return _failed("write_failed", f"publishing failed: {self._cannot_write(exc)}")
             self._restart_tally(watch)
             self._record_success(watch, verdict.body)
+            if failed is not None and failed.error is not None:
+                self._notify(
+                    watch,
+                    TaskCardRecoveredNotification(
+                        failed.watch_id, failed.error_epoch, replaced_by=watch_id
+                    ),
+                )
+                failed.error = None
             self._watches[watch_id] = watch
             self._current = watch
             self._forget_finished_watches()

@@ -45,8 +45,12 @@ class TaskCardErrorNotification:
 
 @dataclass(frozen=True)
 class TaskCardRecoveredNotification:
+    """The end of `watch_id`'s error episode `epoch`: a render of that watch published again,
+    or (`replaced_by`) the card's next watch did, started after `watch_id` ended in error."""
+
     watch_id: str
     epoch: int
+    replaced_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,19 @@ def _record(event: TaskCardNotification) -> dict[str, Any]:
             "extra": {"state": "error", "watch_id": event.watch_id, "code": event.code},
         }
     if isinstance(event, TaskCardRecoveredNotification):
+        if event.replaced_by is not None:
+            return {
+                "source": SOURCE_ERROR,
+                "priority": "normal",
+                "header": "Task card recovered",
+                "body": f"Watch {event.watch_id} ended in error; watch {event.replaced_by}"
+                " publishes the card now.",
+                "extra": {
+                    "state": "recovered",
+                    "watch_id": event.watch_id,
+                    "replaced_by": event.replaced_by,
+                },
+            }
         return {
             "source": SOURCE_ERROR,
             "priority": "normal",

@@ -45,7 +45,15 @@ CASES: list[tuple[Notification, str | None]] = [
     ),
     (
         note("task_card.error", state="recovered"),
-        "✅ builder: task card recovered (watch tc_3); it is refreshing again.",
+        "✅ builder: task card recovered (watch tc_3): its renderer works again.",
+    ),
+    (
+        note("task_card.error", state="recovered", replaced_by="tc_4"),
+        "✅ builder: task card publishes again: watch tc_4 replaced watch tc_3, which had failed.",
+    ),
+    (
+        note("task_card.error", state="recovered", replaced_by="tc 4 <b>"),
+        "✅ builder: task card recovered (watch tc_3): its renderer works again.",
     ),
     (
         note("task_card.limit", state="limit", max_refreshes=1000),
