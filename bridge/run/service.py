@@ -243,6 +243,12 @@ _PUT_OFF_ATTEMPTS = 3
 # the command stream seconds behind the others at most (a day covers a Redis outage).
 CANCEL_DECISION_KEEP_S = 86_400.0
 RETIRED_CARD_NOTE = "Needs no one now: followed on this chat's task board."
+# The short card shown in place of one the platform refused for good (`_card_refused_marker`).
+CARD_REFUSED_NOTE = (
+    "⚠ The latest card could not be shown here: the platform refused it (too long, or"
+    " markup it would not take; taskcard status says why). The next card that goes"
+    " through replaces this one."
+)
 RETIRED_BOARD_SUMMARY = "replaced by one card per agent (/taskcard board brings it back)"
 # The last word of a board whose chat lost its last route (`Service._unfollow_board`).
 UNFOLLOWED_BOARD_SUMMARY = "no longer followed: this chat follows no agent now"
@@ -505,6 +511,7 @@ class Service:
             # whichever instance starts next: each is kept as its instance's there instead.
             keep_replies=not clustered,
             shared_replies=shared_replies,
+            refusal_marker=self._card_refused_marker,
         )
         self._routes: list[Route] = []
         self._routes_by_agent: dict[str, list[Route]] = {}
@@ -2434,6 +2441,32 @@ class Service:
                 view, auto_rows=view.auto_rows[:1], body=None, body_note=RETIRED_CARD_NOTE
             )
             self._scheduler.submit(route.key, self._render_card(channel, view), release=True)
+
+    def _card_refused_marker(self, key: RouteKey) -> Outgoing | None:
+        """The agent and its state, and a note that its latest card was refused: short, so
+        the platform that refused the card takes it; None for a route that is no card."""
+        monitor = self._monitors.get(key.agent_id)
+        channel = self._channels.get(key.channel)
+        route = next((r for r in self._routes_by_agent.get(key.agent_id, ()) if r.key == key), None)
+        if route is None or monitor is None or channel is None:
+            return None
+        if self._chat_prefs(key.chat_scope).hidden:
+            return None
+        with self._guard(key.agent_id, "composing its card"):
+            view = compose_view(
+                key.agent_id,
+                monitor.card,
+                monitor.activity,
+                hidden=False,
+                activity_rows=0,
+                now=self._clock(),
+                zone=route.zone,
+            )
+            view = replace(
+                view, auto_rows=view.auto_rows[:1], body=None, body_note=CARD_REFUSED_NOTE
+            )
+            return self._render_card(channel, view)
+        return None
 
     # Boards ------------------------------------------------------------------------------
 

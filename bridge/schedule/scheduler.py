@@ -155,6 +155,10 @@ class _Resident:
     refusal: str | None = None
     refused_at: float | None = None  # when it began (epoch seconds), kept while it lasts
     keeps_refusal: bool = True
+    # The short card saying the latest one was refused (`refusal_marker`), while it is the
+    # one desired or shown: the chat is told once per refusal run, until a card goes through.
+    marker: Outgoing | None = None
+    marked: bool = False  # the marker of this refusal run was shown
     stale_id: str | None = None  # a replaced message still to delete (persisted)
     send_key: str | None = None  # the same for every retry of one intended send
     # Attempts made with `send_key` (one restored from before a restart counts): after a
@@ -520,14 +524,19 @@ class RouteScheduler:
         on_credentials_rejected: Callable[[str, ChannelError], None] | None = None,
         keep_replies: bool = False,
         shared_replies: SharedReplies | None = None,
+        refusal_marker: Callable[[RouteKey], Outgoing | None] | None = None,
     ) -> None:
         """`outbox`: where the lanes take notices from (None: this scheduler sends none).
         `on_credentials_rejected(channel, error)`: a platform refused the channel's
         credentials (a revoked token); the caller stops using that channel.
         `keep_replies`: unsent command replies are kept in the store, and the next start
         sends them (`channel_ready`). `shared_replies`: clustered, they are kept there
-        instead, and the instance that takes them over sends them (`adopt_replies`)."""
+        instead, and the instance that takes them over sends them (`adopt_replies`).
+        `refusal_marker(route)`: the short card shown in place of one the platform refused
+        for good (None: none for that route), so the chat does not go on showing an older
+        card as if it were the latest."""
         self._channels = channels
+        self._refusal_marker = refusal_marker
         self._on_credentials_rejected = on_credentials_rejected
         self._store = store
         self._clock = clock
@@ -1396,8 +1405,12 @@ class RouteScheduler:
                 log.error("route %s: %s", key, error)
         except Permanent as error:
             resident.failed = message.fingerprint
-            log.error("route %s: the platform refused this card for good: %s", key, error)
-            self._keep_refusal(resident, str(error))
+            if message is resident.marker:
+                log.error("route %s: the platform refused even the short card: %s", key, error)
+            else:
+                log.error("route %s: the platform refused this card for good: %s", key, error)
+                self._keep_refusal(resident, str(error))
+                self._show_marker(resident)
         except Exception:
             # Not a platform answer we know: keep the card pending and retry later.
             log.exception("route %s: unexpected failure", key)
@@ -1655,8 +1668,12 @@ class RouteScheduler:
         self._record(
             key, self._store.set_committed, key.store_key, message.fingerprint, self._wall()
         )
-        if resident.refusal is not None:
-            self._clear_refusal(resident)
+        if message is resident.marker:
+            resident.marked = True  # the refusal run goes on: `taskcard status` keeps it
+        else:
+            resident.marker, resident.marked = None, False
+            if resident.refusal is not None:
+                self._clear_refusal(resident)
         if resident.release and resident.desired is message:
             log.info("route %s: resident message %s retired", resident.key, resident.message_id)
             resident.release = False
@@ -1669,6 +1686,21 @@ class RouteScheduler:
             # Nothing sends it again: a gone message is noticed by the edit of a newer card,
             # which is the replacement, and a repeated send skips this commit.
             resident.desired = None
+
+    def _show_marker(self, resident: _Resident) -> None:
+        """The chat is told its card was refused: a short card replaces the older one it
+        shows, once per refusal run (a card that goes through ends the run), unless a newer
+        card is already waiting to be tried."""
+        if resident.marked or self._refusal_marker is None or not resident.keeps_refusal:
+            return
+        if resident.card_pending or resident.last or resident.release:
+            return
+        marker = self._refusal_marker(resident.key)
+        if marker is None:
+            return
+        resident.marker = resident.desired = marker
+        if resident.card_pending:
+            self._enqueue(resident)
 
     def _kept_refusal(
         self, key: RouteKey, kept: ReadAhead[str, str] | None = None
