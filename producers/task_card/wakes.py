@@ -78,6 +78,9 @@ def wake_text(note: Notification) -> str | None:
             "the renderer and retry."
         )
     if note.source == SOURCE_ERROR and state == "recovered":
+        replaced_by = _token(note.extra.get("replaced_by"), "")
+        if replaced_by:  # the failed watch ended; a new one published (notifications.py)
+            return f"Task card: watch {replaced_by} publishes the card; watch {watch} had failed."
         return f"Task card: watch {watch} publishes again."
     if note.source == SOURCE_LIMIT and state == "limit":
         budget = _count(note.extra.get("max_refreshes"))

@@ -202,6 +202,10 @@ def test_wake_text_uses_only_typed_fields_and_skips_hostile_ones() -> None:
     assert wake_text(note("task_card.error", state="recovered", watch_id="tc_2")) == (
         "Task card: watch tc_2 publishes again."
     )
+    replaced = note("task_card.error", state="recovered", watch_id="tc_1", replaced_by="tc_2")
+    assert wake_text(replaced) == "Task card: watch tc_2 publishes the card; watch tc_1 had failed."
+    hostile_new = note("task_card.error", state="recovered", watch_id="tc_1", replaced_by="a b")
+    assert wake_text(hostile_new) == "Task card: watch tc_1 publishes again."
     assert wake_text(note("other.source", state="error")) is None
 
 
