@@ -165,7 +165,7 @@ def health_row(card: CardState, now: datetime, zone: tzinfo = UTC) -> str | None
         # No code: the card hears only an episode's first error (one notice per episode), and
         # the renderer may fail otherwise since; the error notice names that first code.
         since = f" since {format_at(card.error_since, now, zone)}" if card.error_since else ""
-        parts.append(f"⚠ renderer failing{since}")
+        parts.append(f"⚠ renderer error{since}")
     if card.exhausted:
         parts.append("refresh budget used up")
     return "; ".join(parts) if parts else None

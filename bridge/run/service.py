@@ -3419,7 +3419,7 @@ class Service:
                 card_text += ", refreshes exhausted"
             if card.error_code:
                 # No code, as on the card: only an episode's first error is heard.
-                card_text += ", renderer failing"
+                card_text += ", renderer error"
             disabled = self._scheduler.disabled_reason(route.key)
             # The platform's words: one line, as every value in an entry.
             extra = f" — delivery disabled: {one_line_cut(disabled, 200)}" if disabled else ""

@@ -171,7 +171,7 @@ CASES: list[tuple[str, CardState, ActivitySummary, int, CardView]] = [
                 "❔ state unknown: quiet since 15:00 UTC in a turn begun 14:00 UTC;"
                 " work cannot be told from silence",
                 # No code: the card hears only the first of an episode (F2).
-                "card updated 15:20 UTC; ⚠ renderer failing since 2026-03-03 23:50 UTC",
+                "card updated 15:20 UTC; ⚠ renderer error since 2026-03-03 23:50 UTC",
                 "activity log: 2 unreadable lines skipped",
             ),
             body="**Build** 3/10 steps",
@@ -364,7 +364,7 @@ def test_error_codes_never_reach_the_card() -> None:
         card = replace(ACTIVE, error_code=code, error_since=at(15, 25))
         view = compose_view("builder", card, RUNNING, hidden=False, activity_rows=3, now=NOW)
         health = " ".join(view.auto_rows)
-        assert "⚠ renderer failing since 15:25 UTC" in health
+        assert "⚠ renderer error since 15:25 UTC" in health
         assert code not in health and ".ssh" not in health
 
 

@@ -32,7 +32,7 @@ if state == "fail":
     raise SystemExit(3)
 print(f"**deploy** state: {state}")
 """
-FAILING = "⚠ renderer failing since"
+FAILING = "⚠ renderer error since"
 
 
 @dataclass

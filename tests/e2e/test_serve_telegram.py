@@ -522,7 +522,7 @@ async def test_notices_are_suppressed_while_the_route_is_off(
         await eventually(lambda: any("hidden here" in t for t in shown(fake, GROUP)))
         notify(workdir, "task_card.error:tc_1:1:renderer_timeout", "error", code="renderer_timeout")
         # Sync point: the state reply mentions the error once the service has read it.
-        await eventually(lambda: _ask_state(fake, "renderer failing"), what="the error read")
+        await eventually(lambda: _ask_state(fake, "renderer error"), what="the error read")
         fake.inject_command(GROUP, "/taskcard on")
         await eventually(lambda: any("shown here" in t for t in shown(fake, GROUP)))
         notify(workdir, "task_card.recovered:tc_1:1", "recovered")
