@@ -34,6 +34,8 @@ from taskcard.bridge.deliver.registry import (
 )
 from taskcard.bridge.run import early_stop, stackdump
 from taskcard.bridge.run.chat_names import as_last_resolved, username_notes
+from taskcard.bridge.run.departures import UNFOLLOWED_REASON
+from taskcard.bridge.run.health import agent_health_key, parse_agent_health
 from taskcard.bridge.run.logs import choose, chosen_format, setup_logging, start_error
 from taskcard.bridge.run.runner import (
     EXIT_CONFIG,
@@ -44,7 +46,6 @@ from taskcard.bridge.run.runner import (
     serve,
     start_blockers,
 )
-from taskcard.bridge.run.service import UNFOLLOWED_REASON, agent_health_key, parse_agent_health
 from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.schedule.scheduler import card_refused_key, parse_card_refused
 from taskcard.bridge.store.sqlite import (

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from taskcard.bridge.config import parse_config
 from taskcard.bridge.deliver.registry import BuiltChannel
+from taskcard.bridge.run.departures import UNFOLLOWED_REASON
 from taskcard.bridge.run.fleet import UNROUTED_NOTE
-from taskcard.bridge.run.service import UNFOLLOWED_REASON, Service
+from taskcard.bridge.run.service import Service
 from taskcard.bridge.schedule.scheduler import RouteKey
 from taskcard.bridge.store.sqlite import SqliteStore
 from taskcard.channels.base import CardView, ChatRef, Outgoing
