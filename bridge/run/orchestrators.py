@@ -34,6 +34,15 @@ log = logging.getLogger(__name__)
 CURSOR_PREFIX = "orchestrator:"
 
 
+@dataclass(frozen=True)
+class ChatMarks:
+    """What decides a chat's orchestrator besides its choice: the agents it follows and its
+    routes' `orchestrator` setting (clustered, those of every live instance)."""
+
+    followed: frozenset[str]
+    configured: str | None
+
+
 def orchestrator_cursor(scope: str) -> str:
     """Where a chat's `/taskcard orchestrator` choice is kept in the store."""
     return CURSOR_PREFIX + scope

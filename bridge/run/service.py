@@ -26,22 +26,15 @@ import logging
 import time
 import unicodedata
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from taskcard.bridge.cluster.wakes import RelayedWake, decode_wake
 from taskcard.bridge.compose.board import (
-    BoardEntry,
-    board_facts,
-    compose_board,
-    compose_facts,
     facts_from_record,
-    facts_record,
-    fit_board,
     needs_attention,
-    unobserved,
 )
 from taskcard.bridge.compose.redact import Redactor
 from taskcard.bridge.compose.view import compose_view, format_at
@@ -66,6 +59,7 @@ from taskcard.bridge.notices.signals import (
 from taskcard.bridge.observe.metrics import ServiceSnapshot
 from taskcard.bridge.run import heap
 from taskcard.bridge.run.boards import ChatViews, board_key
+from taskcard.bridge.run.chat_boards import BOARD_COMPOSE_EVERY_S, ChatBoards
 from taskcard.bridge.run.commands import (
     MAX_ROWS,
     MIN_ROWS,
@@ -97,6 +91,7 @@ from taskcard.bridge.run.inbox_desk import (
 )
 from taskcard.bridge.run.logs import EVERY_TIME
 from taskcard.bridge.run.orchestrators import (
+    ChatMarks,
     ChatOrchestrators,
     chat_orchestrator,
     orchestrator_pointer,
@@ -133,7 +128,6 @@ from taskcard.bridge.track.reports import ACKS_OFFSET, REPORTS_OFFSET, AgentSide
 from taskcard.bridge.watch.watcher import ROOTS, FleetWatcher
 from taskcard.channels.aio import TICK_S, Backoff, sleep_to_tick
 from taskcard.channels.base import (
-    BoardView,
     CardView,
     Channel,
     ChatRef,
@@ -166,20 +160,6 @@ ClusterNames = Callable[[str, ChatRef], Awaitable[list[str] | None]]
 # Clustered: the agents the whole cluster routes to a chat, and those routes' `orchestrator`
 # settings (see `routed_marks`).
 ClusterChat = Callable[[str, ChatRef], Awaitable[tuple[list[str], list[str]]]]
-
-
-# In a board line shared in a cluster: the route of the instance sharing it marks its agent
-# as the chat's orchestrator (`orchestrator = ...`).
-ROUTE_MARK: Final = "route_orchestrator"
-
-
-@dataclass(frozen=True)
-class ChatMarks:
-    """What decides a chat's orchestrator besides its choice: the agents it follows and its
-    routes' `orchestrator` setting (clustered, those of every live instance)."""
-
-    followed: frozenset[str]
-    configured: str | None
 
 
 # Shown instead of a card body that still spelled a configured secret after rendering (for
@@ -234,10 +214,11 @@ REFUSED_KEPT = 10_000
 LISTED_SUMMARY_CHARS: Final = 120
 # How often a request the start can do without is asked again after a 429 (once per pause).
 _PUT_OFF_ATTEMPTS = 3
-# The last word of a card retired beside a board, and of a board retired for cards.
 # How long a cluster keeps which message a `/taskcard cancel` withdraws: an instance reads
 # the command stream seconds behind the others at most (a day covers a Redis outage).
 CANCEL_DECISION_KEEP_S = 86_400.0
+# The last word of a card retired beside a board (that of a board retired for cards is
+# `chat_boards.RETIRED_BOARD_SUMMARY`).
 RETIRED_CARD_NOTE = "Needs no one now: followed on this chat's task board."
 # The short card shown in place of one the platform refused for good (`_card_refused_marker`).
 CARD_REFUSED_NOTE = (
@@ -245,9 +226,6 @@ CARD_REFUSED_NOTE = (
     " markup it would not take; taskcard status says why). The next card that goes"
     " through replaces this one."
 )
-RETIRED_BOARD_SUMMARY = "replaced by one card per agent (/taskcard board brings it back)"
-# The last word of a board whose chat lost its last route (`Service._unfollow_board`).
-UNFOLLOWED_BOARD_SUMMARY = "no longer followed: this chat follows no agent now"
 # The `/taskcard` answer is built to fit the smallest platform's message (Telegram's 4096
 # UTF-16 units) with room for redaction, so every chat gets the same answer and an agent that
 # does not fit is counted in its last line rather than cut off unseen by the platform's cut.
@@ -360,11 +338,6 @@ class ServiceFailed(Exception):
 # A closing route whose last edit cannot go out (a long pause, a held send) is dropped anyway
 # after this long.
 CLOSE_GRACE_S = 120.0
-# A board is composed at most this often. Each change of any agent on it would otherwise
-# compose and render all of its lines again (in a storm of 500 changes a second, a whole
-# core), while the chat shows at most one edit every few seconds and only the latest
-# composition is ever sent; this adds at most this much to a board's staleness.
-BOARD_COMPOSE_EVERY_S = 0.5
 
 
 # The service's clock, asked about five times per change: `datetime.now(UTC)` without a
@@ -372,7 +345,7 @@ BOARD_COMPOSE_EVERY_S = 0.5
 _utc_now: Final = functools.partial(datetime.now, UTC)
 
 
-class Service(Departures):
+class Service(Departures, ChatBoards):
     """Owns monitors, channels, the scheduler and the store for one `serve` run."""
 
     def __init__(
@@ -865,38 +838,6 @@ class Service(Departures):
         `bridge.cluster.replies`)."""
         self._scheduler.adopt_replies(kept)
 
-    def board_scopes(self) -> list[str]:
-        """Clustered: the chats this instance routes agents to (it competes for their
-        boards' leases)."""
-        return list(self._routes_by_scope)
-
-    def take_board(self, scope: str) -> None:
-        """Clustered: send the chat's board from here on (its lease was gained); the board
-        starts from the shared store, so the message another instance posted is edited."""
-        self._boards_held.add(scope)
-        if self._running:
-            self._schedule_boards()
-            self._mark_board(scope)
-
-    def drop_board(self, scope: str) -> None:
-        """Clustered: another instance sends the chat's board now."""
-        self._boards_held.discard(scope)
-        for key in [key for key in self._boards if key.chat_scope == scope]:
-            self._scheduler.remove_route(key)
-            self._boards.discard(key)
-
-    def board_changed(self, scope: str) -> None:
-        """Clustered: a line of the chat's board changed (`*`: any chat's may have)."""
-        if not self._running:
-            return
-        if scope == "*":
-            for held in sorted(self._boards_held):
-                self._mark_board(held)
-        elif scope in self._boards_held or (
-            self._shared_boards is not None and self._shared_boards.failed(scope)
-        ):
-            self._mark_board(scope)  # failed here: its lines are shared again
-
     # Watching ----------------------------------------------------------------------------
 
     async def _watch_loop(self) -> None:
@@ -1034,24 +975,6 @@ class Service(Departures):
             for route in self._routes_by_scope[scope]:
                 self._project_route(route)
             self._mark_board(scope)
-
-    def _schedule_boards(self) -> None:
-        """Every routed chat may switch to a board: its resident is known to the scheduler
-        (clustered: of the chats whose board is sent here)."""
-        for scope, routes in self._routes_by_scope.items():
-            if self._shared_boards is not None and scope not in self._boards_held:
-                continue
-            key = board_key(routes[0].key)
-            # Routed again while its last edit saying the chat follows no agent is on its
-            # way: it stays, and the board's next composition brings it back to life.
-            self._closing.pop(key, None)
-            self._unfollowing.discard(key)
-            if key not in self._boards:
-                # Paced: a board changes with every agent, so bursts would starve it.
-                self._scheduler.add_route(key, pin=routes[0].pin, paced=True)
-                self._boards.add(key)
-            else:
-                self._scheduler.set_pin(key, routes[0].pin)
 
     def _schedule_many(self, routes: Iterable[Route]) -> None:
         """`_schedule` of each; the store is read for the new ones in batches (at start,
@@ -1955,222 +1878,6 @@ class Service(Departures):
         return None
 
     # Boards ------------------------------------------------------------------------------
-
-    def _mark_board(self, scope: str) -> None:
-        """Compose the chat's board after this turn of the loop, and no sooner than
-        `BOARD_COMPOSE_EVERY_S` after the last composition: a burst of changes (a rescan, a
-        restart, a storm) makes one board, not one per change."""
-        self._views.mark(scope)
-        if self._board_timer is None:
-            loop = asyncio.get_running_loop()
-            at = max(loop.time(), self._boards_composed_at + BOARD_COMPOSE_EVERY_S)
-            self._board_timer = loop.call_at(at, self._flush_boards)
-
-    def _flush_boards(self) -> None:
-        self._board_timer = None
-        loop = asyncio.get_running_loop()
-        if self._shared_boards is not None:
-            if self._stopped:
-                return  # no task is started that the stop would not wait for
-            if self._board_flush is not None and not self._board_flush.done():
-                # The last composition still waits for Redis: this one comes after it, so
-                # two never share one chat's lines at once or send its boards out of order.
-                self._board_timer = loop.call_later(BOARD_COMPOSE_EVERY_S, self._flush_boards)
-                return
-            self._boards_composed_at = loop.time()
-            scopes = self._views.take_dirty()
-            if scopes:
-                self._board_flush = loop.create_task(
-                    self._flush_shared_boards(scopes), name="boards"
-                )
-            return
-        self._boards_composed_at = loop.time()
-        for scope in self._views.take_dirty():
-            try:
-                self._project_board(scope)
-            except Exception:
-                # The board is every agent's: a bug here must not reach the loop.
-                log.exception("chat %s: the board could not be composed", scope)
-
-    async def _flush_shared_boards(self, scopes: Iterable[str]) -> None:
-        """Clustered: compose the boards of `scopes`, off the timer's callback, since each
-        waits for Redis (the lines shared, then read), which must not hold the loop."""
-        for scope in scopes:
-            try:
-                await self._project_shared_board(scope)
-            except Exception:
-                log.exception("chat %s: the board could not be composed", scope)
-
-    def _board_target(self, scope: str, routes: list[Route]) -> tuple[RouteKey, tzinfo] | None:
-        """The chat's board resident and time zone when a board is to be composed for it
-        now; None when not (no board resident, its channel not ready, or the chat shows
-        cards: then a board it still shows is retired here)."""
-        # With no route left (the chat's last agent left), a board it showed lists none.
-        found = (
-            board_key(routes[0].key)
-            if routes
-            else next((k for k in self._boards if k.chat_scope == scope), None)
-        )
-        if found is None:
-            return None
-        key, zone = found, routes[0].zone if routes else UTC
-        if key.channel not in self._ready_channels or key not in self._boards:
-            return None  # not scheduled yet (the service is starting)
-        if not routes and self._board_unrouted(key):
-            self._unfollow_board(key)
-            return None
-        if self._views.view(scope) == "cards":
-            if self._scheduler.has_message(key):
-                retired = BoardView(summary=RETIRED_BOARD_SUMMARY)
-                channel = self._channels[key.channel]
-                self._scheduler.submit(key, channel.render_board(retired), release=True)
-            return None
-        return key, zone
-
-    def _board_unrouted(self, key: RouteKey) -> bool:
-        """Whether the chat of board `key` lost its last route: no agent is routed there and
-        the configuration names the chat no more (one it still names, say with `["*"]`,
-        lists no agent until one appears). Not clustered only: another instance's
-        configuration may still route the chat, which this one cannot tell."""
-        scope = key.chat_scope
-        return (
-            self._shared_boards is None
-            and not self._routes_by_scope.get(scope)
-            and all(chat_scope(spec.channel, spec.chat) != scope for spec in self._specs)
-        )
-
-    def _unfollow_board(self, key: RouteKey) -> None:
-        """The chat of board `key` lost its last route (a reload, or the start found the
-        board with none: `_unfollow_resident`): the board is edited a last time to say the
-        chat follows no agent now, as a card is (`_unfollow`), then closes; once that edit
-        is shown it is marked (`UNFOLLOWED_REASON`), so no later start says it again. Routed
-        again, the chat's board comes back to life in the same message (`_schedule_boards`).
-        A board people hid is left as it is, as their cards are."""
-        if key in self._closing:
-            return
-        if self._scheduler.has_message(key) and not self._chat_prefs(key.chat_scope).hidden:
-            final = self._channels[key.channel].render_board(
-                BoardView(summary=UNFOLLOWED_BOARD_SUMMARY)
-            )
-            self._scheduler.submit(key, final, last=True)
-            self._unfollowing.add(key)
-        self._closing[key] = asyncio.get_running_loop().time()
-
-    def _project_board(self, scope: str) -> None:
-        routes = self._routes_by_scope.get(scope, [])
-        target = self._board_target(scope, routes)
-        if target is None:
-            return
-        key, zone = target
-        channel = self._channels[key.channel]
-        has_message = self._scheduler.has_message(key)
-        prefs = self._chat_prefs(scope)
-        entries = self._board_entries(routes)
-        started = any(e.card.status != "none" or e.activity.state != "unknown" for e in entries)
-        if not has_message and (prefs.hidden or not started):
-            return  # the board appears with the first sign of life, not before
-        board = compose_board(
-            entries,
-            hidden=prefs.hidden,
-            now=self._clock(),
-            zone=zone,
-            scrub=self._redact,
-            orchestrator=self._orchestrator_of(scope),
-        )
-        self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
-
-    async def _project_shared_board(self, scope: str) -> None:
-        """Clustered: share the lines of the chat's agents served here; then, when this
-        instance sends the chat's board, compose it from every instance's lines."""
-        assert self._shared_boards is not None
-        await self._share_board_lines(scope, self._routes_by_scope.get(scope, []))
-        if self._board_target(scope, self._routes_by_scope.get(scope, [])) is None:
-            return
-        records = await self._shared_boards.lines(scope)
-        if records is None:
-            return  # Redis did not answer (logged): composed again at the next renewal
-        # Read again: the chat's routes, its view or its board lease may have changed while
-        # Redis answered.
-        target = self._board_target(scope, self._routes_by_scope.get(scope, []))
-        if target is None:
-            return
-        key, zone = target
-        channel = self._channels[key.channel]
-        has_message = self._scheduler.has_message(key)
-        prefs = self._chat_prefs(scope)
-        lines = [
-            facts if observed else unobserved(facts)
-            for agent, (record, observed) in records.items()
-            if (facts := facts_from_record(record)) is not None and facts.agent_id == agent
-        ]
-        started = any(line.started for line in lines)
-        if not has_message and (prefs.hidden or not started):
-            return
-        # Scrubbed by their writers; again here, for this instance's own secrets.
-        scrub = self._redact
-        lines = [
-            replace(
-                line,
-                headline=None if line.headline is None else scrub(line.headline),
-                movement=None if line.movement is None else scrub(line.movement),
-            )
-            for line in lines
-        ]
-        # The chat's choice of an agent another instance serves marks its line too: every
-        # agent a live instance shares a line of is followed in the chat (it was marked nowhere);
-        # so does another instance's route setting, which its line says (`ROUTE_MARK`), and,
-        # last, one its routed record says of an agent it does not serve (learned at the
-        # renewals, `others_route_marks`; the board showed no mark of such a setting).
-        routes = self._routes_by_scope.get(scope, [])
-        configured = next((r.orchestrator for r in routes if r.orchestrator is not None), None)
-        live = {agent: record for agent, (record, observed) in records.items() if observed}
-        marked = sorted(agent for agent, record in live.items() if record.get(ROUTE_MARK) is True)
-        elsewhere = self._route_marks_for(scope, routes)
-        marks = ChatMarks(
-            frozenset(self._followed(scope) | live.keys()),
-            configured or next(iter(marked), None) or next(iter(elsewhere), None),
-        )
-        board = compose_facts(
-            lines,
-            hidden=prefs.hidden,
-            now=self._clock(),
-            zone=zone,
-            orchestrator=self._orchestrator_of(scope, marks),
-        )
-        self._scheduler.submit(key, channel.render_board(fit_board(board, channel.board_fits)))
-
-    def _board_entries(self, routes: list[Route]) -> list[BoardEntry]:
-        """The board entries of the agents of `routes` served here."""
-        return [
-            BoardEntry(
-                route.key.agent_id,
-                monitor.card,
-                monitor.activity,
-                problems=self._has_problems(route.key.agent_id),
-            )
-            for route in routes
-            if self._serves(route.key.agent_id)
-            and (monitor := self._monitors.get(route.key.agent_id)) is not None
-        ]
-
-    async def _share_board_lines(self, scope: str, routes: list[Route]) -> None:
-        """Clustered: the lines of the chat's agents served here, for the board's sender
-        (none while the chat shows cards: a switch to the board shares them again)."""
-        assert self._shared_boards is not None
-        entries = self._board_entries(routes) if self._views.view(scope) == "board" else []
-        configured = next((r.orchestrator for r in routes if r.orchestrator is not None), None)
-        await self._shared_boards.share(
-            scope,
-            {
-                e.agent_id: {
-                    **facts_record(board_facts(e, self._redact)),
-                    # The route here marks it: the board's sender, routing other agents,
-                    # knows no such setting (a version that does not read it marks nobody).
-                    **({ROUTE_MARK: True} if e.agent_id == configured else {}),
-                }
-                for e in entries
-            },
-        )
 
     def _render_card(self, channel: Channel, view: CardView) -> Outgoing:
         """`view` rendered for `channel` with every configured secret removed.
