@@ -48,8 +48,7 @@ from taskcard.channels.base import ChatRef, IncomingCommand
 if TYPE_CHECKING:
     from taskcard.bridge.cluster.wakes import WakeRelay
 
-# The service's own lines: logged under its name, as before this part had a module of its own.
-log = logging.getLogger("taskcard.bridge.run.service")
+log = logging.getLogger(__name__)
 # What a write into an inbox returns, passed through `Service._showing_inbox`.
 _T = TypeVar("_T")
 # Clustered: the agents the whole cluster routes to a chat, and those routes' `orchestrator`

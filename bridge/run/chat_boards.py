@@ -52,8 +52,7 @@ from taskcard.channels.base import BoardView, Channel
 if TYPE_CHECKING:
     from taskcard.bridge.cluster.boards import SharedBoards
 
-# The service's own lines: logged under its name, as before this part had a module of its own.
-log = logging.getLogger("taskcard.bridge.run.service")
+log = logging.getLogger(__name__)
 
 # In a board line shared in a cluster: the route of the instance sharing it marks its agent
 # as the chat's orchestrator (`orchestrator = ...`).

@@ -46,8 +46,7 @@ from taskcard.channels.base import Channel, ChatRef, Outgoing, counted
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-# The service's own lines: logged under its name, as before this part had a module of its own.
-log = logging.getLogger("taskcard.bridge.run.service")
+log = logging.getLogger(__name__)
 
 # When an agent left the fleet (epoch seconds), kept until its state is forgotten
 # (`forget_departed_after_s` later) or it comes back.
