@@ -12,14 +12,14 @@ the renderer may fail otherwise since.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import TOKEN_ENV, ServeProcess, eventually, run_cli, telegram_config
+from tests.e2e.harness import TOKEN_ENV, ServeProcess, eventually, telegram_config
+from tests.e2e.test_producer_to_chat import card
 from tests.e2e.test_serve_feishu import CHAT, Setup
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
@@ -76,22 +76,6 @@ async def chat(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
             lambda: fs_of(False),
         )
     assert workdir.is_dir()
-
-
-def card(workdir: Path, runtime: Path, *args: str) -> dict[str, object]:
-    result = run_cli(
-        "card",
-        *args,
-        "--workdir",
-        str(workdir),
-        "--runtime-dir",
-        str(runtime),
-        "--idle-grace-s",
-        "2",
-        "--json",
-    )
-    parsed: dict[str, object] = json.loads(result.stdout)
-    return parsed
 
 
 async def failing_card(chat: Chat, workdir: Path, runtime: Path) -> None:
