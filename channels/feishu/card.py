@@ -1103,6 +1103,11 @@ def _reading_part(body: str, length: int) -> str:
     return body[: length if end < 0 else end]
 
 
+# What `render_card` trims from the end of a body: spaces, tabs and line breaks.
+TRAILING_BLANKS = " \t\r\n"
+_TRAILING = tuple(TRAILING_BLANKS)
+
+
 def render_card(view: CardView, limit_bytes: int = CARD_BUDGET_BYTES) -> Outgoing:
     """The interactive message for `view`, shrunk until it fits `limit_bytes` (the body is
     converted once however many of its cuts are measured: see `_Prefixes`; a hidden card's
@@ -1114,7 +1119,12 @@ def render_card(view: CardView, limit_bytes: int = CARD_BUDGET_BYTES) -> Outgoin
     (plain text, links shrunk to their words), at most the precut body. Once the part read
     does not fit even with a single automatic row, the card is cut within it, as it would be
     within the whole body. The reading of each body is kept (`_prefixes`)."""
-    view = precut_body(view.shown_part(), limit_bytes * SOURCE_BUDGET_FACTOR)
+    view = view.shown_part()
+    if view.body is not None and view.body.endswith(_TRAILING):
+        # White space at the end of a body never shows (Telegram's text drops it too): a
+        # renderer padding its output must not cost an update of a card that looks the same.
+        view = replace(view, body=view.body.rstrip(TRAILING_BLANKS))
+    view = precut_body(view, limit_bytes * SOURCE_BUDGET_FACTOR)
     if view.body is not None:  # before the reading, whose cuts are prefixes of this body
         view = replace(view, body=task_boxes_as_text(view.body))
 

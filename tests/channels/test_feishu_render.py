@@ -43,6 +43,7 @@ from taskcard.channels.feishu.card import (
 )
 from taskcard.channels.feishu.errors import translate
 from taskcard.channels.feishu.events import command_args
+from taskcard.channels.telegram.render import render_card as telegram_render_card
 
 
 def _card(view: CardView) -> dict[str, Any]:
@@ -146,7 +147,7 @@ def test_cut_body_carries_the_marker() -> None:
 
 @pytest.mark.parametrize(
     "unit",
-    ["a", "进度", "😀", '"\\', "<&>", "\n"],
+    ["a", "进度", "😀", '"\\', "<&>", "\nx"],
     ids=["ascii", "cjk", "emoji", "escaped", "entities", "newlines"],
 )
 def test_huge_body_always_fits_30_kb(unit: str) -> None:
@@ -488,3 +489,17 @@ def test_a_code_line_cut_to_a_bare_fence_converts_as_the_cut_body() -> None:
     assert prefixes.markdown("```py\n```") == feishu_markdown("```py\n```")
     # Cut to nothing, a body opening with indented code shows no empty code block.
     assert _Prefixes("    code").markdown("") == feishu_markdown("") == ""
+
+
+@pytest.mark.parametrize(
+    "body", ["v0", "# B\nv0", "- a\n- b", "```\ncode", "```\ncode\n```", "line\\", "**bold**"]
+)
+@pytest.mark.parametrize("padding", ["\n", "\n\n\n", "  \n \t\n", "\r\n", " "])
+def test_white_space_at_the_end_of_a_body_costs_no_update(body: str, padding: str) -> None:
+    """A renderer that pads its output with blank lines wrote a new Feishu card each time
+    (the markdown element kept them), while Telegram's text, which drops them, stayed the
+    same bytes and sent nothing. The bytes of both are now those of the body unpadded."""
+    padded = CardView("builder", "running", ("row",), body=body + padding)
+    plain = CardView("builder", "running", ("row",), body=body)
+    assert render_card(padded).payload == render_card(plain).payload
+    assert telegram_render_card(padded).fingerprint == telegram_render_card(plain).fingerprint
