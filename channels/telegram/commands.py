@@ -615,7 +615,10 @@ class CommandPoller:
                 else:
                     _log.error(
                         "Telegram getUpdates conflict: another poller uses this bot; "
-                        "commands are not received until it stops"
+                        "commands are not received until it stops. If it is another "
+                        "taskcard serve, each of the two also keeps its own card in every "
+                        "chat: stop one, or run them as one cluster ([cluster] in both "
+                        "configs, see docs/operators.md)"
                     )
                 await backoff.asleep()
                 continue

@@ -218,7 +218,7 @@ async def test_commands_disabled_means_no_polling(
 
 
 async def test_failing_sink_and_conflict_do_not_kill_the_loop(
-    telegram_fake: FakeTelegram,
+    telegram_fake: FakeTelegram, caplog: pytest.LogCaptureFixture
 ) -> None:
     received: list[str] = []
 
@@ -244,6 +244,10 @@ async def test_failing_sink_and_conflict_do_not_kill_the_loop(
             telegram_fake.inject_command(GROUP, "/taskcard 2")
             await wait_until(lambda: received[-1] == "2", what="second command")
             assert any(r.status == 409 for r in telegram_fake.requests)
+            # The log says what two serve on one bot do besides, and the way out.
+            conflict = [r.getMessage() for r in caplog.records if "conflict" in r.getMessage()]
+            assert conflict and "its own card in every chat" in conflict[0]
+            assert "[cluster]" in conflict[0]
         finally:
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
