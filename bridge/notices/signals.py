@@ -38,6 +38,9 @@ SignalKind = Literal["report", "exited", "idle", "no output"]
 IdleMechanism = Literal["no host", "turn ended", "silence"]
 SUMMARY_CHARS: Final = 300
 ROLE_CHARS: Final = 40
+# An agent that exits owing a report less than this long after it started is told as one that
+# may have failed to launch (the reference app counts a life under 30 s as a launch failure).
+LAUNCH_FAILURE_S: Final = 30.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,20 @@ def _reported_since(report: Report | None, moment: datetime | None) -> bool:
     return moment is None or report.at >= moment
 
 
+def _launch_failure(facts: SignalFacts) -> str:
+    """For a life shorter than `LAUNCH_FAILURE_S`, the words saying so: such an agent more
+    likely failed to start than left its work unreported, and the sentence says which."""
+    if facts.started_at is None or facts.exited_at is None:
+        return ""
+    life_s = (facts.exited_at - facts.started_at).total_seconds()
+    if not 0 <= life_s < LAUNCH_FAILURE_S:
+        return ""
+    return (
+        f" {round(life_s)} s after it started, too soon to have done its work: it may have"
+        " failed to launch (check the command that starts it)"
+    )
+
+
 def due_signals(
     facts: SignalFacts, now: datetime, idle_floor_s: float
 ) -> tuple[list[Signal], datetime | None]:
@@ -127,7 +144,7 @@ def due_signals(
                 Signal(
                     "exited",
                     f"signal:exited:{iso_utc(facts.exited_at)}",
-                    f"⏹ {agent} exited without a report.",
+                    f"⏹ {agent} exited without a report{_launch_failure(facts)}.",
                 )
             )
         return due, None

@@ -195,3 +195,20 @@ def test_report_notice_has_typed_fields_and_a_redacted_cut_summary() -> None:
     )
     assert "supersecret123456" not in signal.text
     assert len(signal.text) < 400
+
+
+@pytest.mark.parametrize(("life_s", "launch"), [(0, True), (3, True), (29, True), (30, False)])
+def test_an_exit_soon_after_the_start_is_told_as_a_failed_launch(
+    life_s: float, launch: bool
+) -> None:
+    """An agent that died seconds after it started owing a report was told as one that left
+    its work unreported; it more likely never launched, and the notice says so, with how long
+    it lived. From 30 s on, the plain sentence."""
+    facts = replace(BASE, exited_at=at(life_s), state="exited")
+    [signal], _ = due_signals(facts, at(60), idle_floor_s=180)
+    assert signal.text.startswith("⏹ builder exited without a report")
+    if launch:
+        assert f"{life_s} s after it started" in signal.text
+        assert "may have failed to launch" in signal.text
+    else:
+        assert signal.text == "⏹ builder exited without a report."
