@@ -17,6 +17,7 @@ import pytest
 
 from taskcard.bridge.config import parse_config
 from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec
+from taskcard.bridge.run.chat_commands import matching_agents
 from taskcard.bridge.run.commands import (
     TaskcardCommand,
     apply_to_prefs,
@@ -25,7 +26,7 @@ from taskcard.bridge.run.commands import (
     suggestion,
     without_mentions,
 )
-from taskcard.bridge.run.service import Service, matching_agents
+from taskcard.bridge.run.service import Service
 from taskcard.bridge.schedule.scheduler import RouteKey
 from taskcard.bridge.store.sqlite import ChatPrefs, SqliteStore
 from taskcard.channels.base import (
