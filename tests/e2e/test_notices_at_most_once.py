@@ -13,7 +13,6 @@ the service was going to make has been made.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 from tests.e2e.harness import TOKEN_ENV, ServeProcess, eventually, notify, publish, run_cli
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram
+from tests.redis_server import free_port
 
 TG_CHAT = -1009000000001
 FS_CHAT = "oc_notices"
@@ -38,12 +38,6 @@ async def telegram() -> AsyncIterator[FakeTelegram]:
 async def feishu() -> AsyncIterator[FakeFeishu]:
     async with FakeFeishu() as server:
         yield server
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def feishu_sends(feishu: FakeFeishu) -> int:

@@ -28,6 +28,7 @@ from tests.e2e.harness import (
     run_cli,
 )
 from tests.fakes.feishu_api import FakeFeishu
+from tests.redis_server import free_port
 
 CHAT = "oc_fleet_group"
 VERIFY = "fake-verification-token"
@@ -38,12 +39,6 @@ ENCRYPT = "fake-encrypt-key"
 async def fake() -> AsyncIterator[FakeFeishu]:
     async with FakeFeishu() as server:
         yield server
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Setup:

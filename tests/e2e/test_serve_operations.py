@@ -36,6 +36,7 @@ from tests.e2e.harness import (
 )
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
+from tests.redis_server import free_port
 
 T = TypeVar("T")
 GROUP = -1001234567890
@@ -47,12 +48,6 @@ FEISHU_CHAT = "oc_ops_group"
 async def fake() -> AsyncIterator[FakeTelegram]:
     async with FakeTelegram() as server:
         yield server
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def write_config(tmp_path: Path, api_base_url: str, metrics_port: int | None) -> Path:
