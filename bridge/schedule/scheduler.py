@@ -1820,6 +1820,12 @@ class RouteScheduler:
                 log.warning("%s: a notice may have been posted (%s); not sent again", where, error)
                 outbox.abandon(once)  # recorded unsure before the request: it stays so
                 return
+            if isinstance(text, _Reply) and channel.ambiguous_send_hold_s is not None:
+                # The same rule for a command's answer: the person can ask again, and a
+                # platform that cannot deduplicate a send would show the answer twice.
+                log.warning("%s: a reply may have been posted (%s); not sent again", where, error)
+                self._forget_reply(text)
+                return
             self._retry_later(text, f"{where}: transient failure ({error})")
             self._put_back(lane, text, front=False)
             return

@@ -214,3 +214,30 @@ async def test_a_notice_refused_before_it_was_posted_is_sent_again_once(
         await setup.settled()
         assert setup.shown(FIRST) == (1, 1)
         assert await service.aterminate() == 0
+
+
+async def test_a_command_reply_whose_answer_is_lost_shows_once_on_telegram(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """A `/taskcard` answer goes through the notices' send path: one whose answer was lost
+    was sent again and showed twice. The service now says so in its log and leaves it; the
+    next command's answer shows as usual (Feishu's answers carry a uuid, so a retry there
+    posts nothing new: see the notices above)."""
+    setup = Setup(tmp_path, telegram, feishu)
+
+    def answers(words: str) -> int:
+        return sum(words in m.text for m in telegram.bot_messages(TG_CHAT))
+
+    with setup.serve() as service:
+        await setup.cards_up()
+        telegram.drop_after_accept("sendMessage")
+        telegram.inject_command(TG_CHAT, "/taskcard 2")
+        await eventually(
+            lambda: "a reply may have been posted" in service.logs,
+            timeout_s=60,
+            what="the lost answer given up",
+        )
+        telegram.inject_command(TG_CHAT, "/taskcard 4")
+        await eventually(lambda: answers("now show 4 activity rows") == 1, what="the next one")
+        assert answers("now show 2 activity rows") == 1
+        assert await service.aterminate() == 0
