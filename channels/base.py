@@ -789,7 +789,8 @@ class Channel(ABC):
 
     def topic_name(self, chat: ChatRef) -> str | None:
         """The name of the topic `chat` names (its `thread_id`), when the platform told it
-        and the channel has seen it since it started: untrusted text (any member may name a
+        and the channel has learnt it (kept across restarts, and shared by a cluster's
+        instances, where the channel keeps it): untrusted text (any member may name a
         topic), cleaned for the service to quote in its own words, never markup, a mention
         or a command. None otherwise: then the topic is named by its thread id. Only
         Telegram's forum topics have names; a Feishu thread has none."""

@@ -409,6 +409,17 @@ def chat_moved_to(channel: str, cursor: CursorStore, chat_id: str) -> str | None
     return moved_to(cursor, chat_id)
 
 
+def stored_topic_names(channel: str, cursor: CursorStore, chat_id: str) -> dict[str, str]:
+    """The names of chat `chat_id`'s forum topics its channel kept, by thread id (cleaned,
+    untrusted text): Telegram's (`channels.telegram.topics`); a Feishu thread has none.
+    Raises what the store raises."""
+    if channel != "telegram":
+        return {}
+    from taskcard.channels.telegram.topics import stored_topic_names as telegram_names
+
+    return telegram_names(cursor, chat_id)
+
+
 def describe_scope(scope: str) -> str:
     """A stored scope key for people, worded by the channel whose key it is."""
     for channel in ("telegram", "feishu"):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from taskcard.bridge.config import ServiceConfig
-from taskcard.bridge.deliver.registry import RouteSpec, route_specs
+from taskcard.bridge.deliver.registry import RouteSpec, route_specs, stored_topic_names
 from taskcard.bridge.run.chat_names import as_last_resolved
 from taskcard.bridge.run.serve_cli import (
     EXIT_CONFIG,
@@ -35,10 +35,13 @@ from taskcard.bridge.store.sqlite import STATE_FILE, UNFIT_STATE_ERRORS, SqliteS
 from taskcard.producers.task_card.contract import terminal_json
 
 
-def _seen_chats(config: ServiceConfig) -> tuple[list[SeenChat], set[tuple[str, str, str | None]]]:
-    """The chats the store recorded (the cluster's shared one, else this state file's), and
-    the chats this config routes, each under the id the service keys it by (a supergroup a
-    routed group became is listed under the group's id, as its commands are recorded).
+def _seen_chats(
+    config: ServiceConfig,
+) -> tuple[list[SeenChat], set[tuple[str, str, str | None]], dict[tuple[str, str, str], str]]:
+    """The chats the store recorded (the cluster's shared one, else this state file's), the
+    chats this config routes, each under the id the service keys it by (a supergroup a
+    routed group became is listed under the group's id, as its commands are recorded), and
+    the names of the seen topics that their channel kept (`_topic_names`).
 
     Raises `StateFileError` (one line, no secret) when the cluster's Redis cannot be reached.
     """
@@ -50,13 +53,24 @@ def _seen_chats(config: ServiceConfig) -> tuple[list[SeenChat], set[tuple[str, s
     else:
         path = config.state_dir / STATE_FILE
         if not path.exists():
-            return [], _routed(route_specs(config))
+            return [], _routed(route_specs(config)), {}
         store = SqliteStore(path, readonly=True)
     try:
         config = as_last_resolved(config, store)  # a route's @username: its chat's id
-        return store.seen_chats(), _routed(route_specs(config, store))
+        chats = store.seen_chats()
+        return chats, _routed(route_specs(config, store)), _topic_names(store, chats)
     finally:
         store.close()
+
+
+def _topic_names(store: StateStore, chats: list[SeenChat]) -> dict[tuple[str, str, str], str]:
+    """The kept names of the topics among `chats`, by (channel, chat id, thread id): one
+    read per chat that has topics."""
+    names: dict[tuple[str, str, str], str] = {}
+    for channel, chat_id in dict.fromkeys((c.channel, c.chat_id) for c in chats if c.thread_id):
+        for thread_id, name in stored_topic_names(channel, store, chat_id).items():
+            names[(channel, chat_id, thread_id)] = name
+    return names
 
 
 def _routed(specs: list[RouteSpec]) -> set[tuple[str, str, str | None]]:
@@ -65,12 +79,15 @@ def _routed(specs: list[RouteSpec]) -> set[tuple[str, str, str | None]]:
 
 def seen_chats_report(config: ServiceConfig) -> list[dict[str, Any]]:
     """Every chat seen, newest first, with whether a route of this config covers it."""
-    chats, routed = _seen_chats(config)
+    chats, routed, topics = _seen_chats(config)
     return [
         {
             "channel": chat.channel,
             "chat_id": chat.chat_id,
             "thread_id": chat.thread_id,
+            # The forum topic's name, as the platform told it when it was opened or renamed
+            # (or with a message in it): null when none is known, and for a whole chat.
+            "topic": topics.get((chat.channel, chat.chat_id, chat.thread_id or "")),
             "title": chat.title,
             # An unreadable time is null (the chat listed last, as seen long ago), as
             # `status` shows its unreadable times.
@@ -98,13 +115,20 @@ def _cell(text: str) -> str:
     return f"{shown[: MAX_CELL_CHARS - 3]}..."
 
 
+def _thread(row: dict[str, Any]) -> str:
+    """A row's THREAD cell: the thread id, and the topic's name beside it when known."""
+    if not row["thread_id"]:
+        return "-"
+    return row["thread_id"] if row["topic"] is None else f'{row["thread_id"]} "{row["topic"]}"'
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     header = ("CHANNEL", "CHAT ID", "THREAD", "TITLE", "LAST SEEN", "ROUTED")
     lines = [
         (
             _cell(row["channel"]),
             _cell(row["chat_id"]),
-            _cell(row["thread_id"] or "-"),
+            _cell(_thread(row)),
             _cell(row["title"] or "-"),
             row["last_seen"] or UNREADABLE,
             "yes" if row["routed"] else "no",
@@ -183,7 +207,8 @@ def register(subparsers: Any) -> None:
         help="list the chats and topics the bot has received /taskcard from (to find ids)",
         description=(
             "List every chat and forum topic a /taskcard command arrived from while the "
-            "service ran, routed or not: channel, chat id, thread id, title, last seen. With "
+            "service ran, routed or not: channel, chat id, thread id (with the forum topic's "
+            "name when known), title, last seen. With "
             "[cluster], the chats every instance saw, from the shared Redis."
         ),
     )

@@ -5,8 +5,9 @@ card-to-text-and-entities rendering, `errors` the one translation of PTB excepti
 `commands` the getUpdates long poll for `/taskcard`, `http11` the lean keep-alive HTTP
 transport under PTB, `request` the 429 and lost-answer signals (and PTB's httpx transport
 with them, used when a proxy is configured), `moves` the groups upgraded to supergroups,
-`config` the `[telegram]` settings, `usernames` the lookup of the public chats a route
-names by `@username`, `scopes` the rate scopes' keys. May import:
+`topics` the forum topics' names, `config` the `[telegram]` settings, `usernames` the
+lookup of the public chats a route names by `@username`, `scopes` the rate scopes' keys.
+May import:
 `channels.base`, `channels.errors`, `channels.aio`, python-telegram-bot, httpx, certifi and
 telegramify-markdown; this `__init__` imports nothing so that loading the config does not
 load the client library (`import_client_library` loads it, the service's way).

@@ -43,7 +43,6 @@ from taskcard.channels.telegram.commands import (
     CommandPoller,
     FloodAwarePollRequest,
     LeanPollRequest,
-    TopicNames,
     moved_command,
 )
 from taskcard.channels.telegram.config import TelegramConfig
@@ -51,6 +50,7 @@ from taskcard.channels.telegram.errors import ChatUpgraded, ParseEntitiesFailed,
 from taskcard.channels.telegram.http11 import LeanRequest, proxy_configured
 from taskcard.channels.telegram.request import FloodAwareRequest, FloodWait
 from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY, MENU_SCOPE_KEY, chat_scope_key
+from taskcard.channels.telegram.topics import TopicNames
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -158,7 +158,7 @@ class TelegramChannel(Channel):
         self._redactor = _TokenRedactor(token)
         self.ambiguous_send_hold_s = config.ambiguous_send_hold_s
         self._moves = moves.ChatMoves(cursor)
-        self._topics = TopicNames()
+        self._topics = TopicNames(cursor)
         self._on_command: CommandSink | None = None
         self._bot_scope = config.limits.bot.scope(BOT_SCOPE_KEY)
         self._message_scopes: dict[tuple[str, str | None], tuple[RateScope, ...]] = {}
@@ -298,7 +298,8 @@ class TelegramChannel(Channel):
             logging.getLogger(name).removeFilter(self._redactor)
 
     def topic_name(self, chat: ChatRef) -> str | None:
-        """The forum topic's name as the poll last saw it (`TopicNames`), cleaned, with any
+        """The forum topic's name as the poll learnt it (`TopicNames`: kept in the cursor
+        store, so known after a restart and to every instance of a cluster), cleaned, with any
         `@` or `/` in it defused: a name is a member's text, never a mention or a tappable
         command in the service's words."""
         if chat.thread_id is None:

@@ -18,7 +18,6 @@ import asyncio
 import copy
 import logging
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -44,11 +43,11 @@ from taskcard.channels.base import (
     first_word,
     other_bots_command,
     shows_reordered,
-    without_ignorable,
 )
 from taskcard.channels.telegram.http11 import LeanRequest
 from taskcard.channels.telegram.moves import ChatMoves, qualified
 from taskcard.channels.telegram.request import FloodAwareRequest, FloodWait
+from taskcard.channels.telegram.topics import TopicNames
 
 OFFSET_CURSOR_KEY = "telegram:update_offset"
 COMMAND = "taskcard"
@@ -486,65 +485,22 @@ def as_original(command: IncomingCommand, moves: ChatMoves) -> IncomingCommand:
     )
 
 
-# At most this many forum topics' names are kept, the oldest learnt going first; a name at
-# most this many characters (Telegram allows 128), cut with "…".
-TOPIC_NAMES_KEPT = 4096
-TOPIC_NAME_CHARS = 64
-
-
-def cleaned_topic_name(name: object) -> str | None:
-    """A forum topic's name (any member with the right may set one: untrusted) as a chat
-    is shown it in the service's words: on one line (a control or other character that
-    shows as nothing is a space, or nothing when invisible), white space collapsed, at most
-    `TOPIC_NAME_CHARS` characters. None for no name, or one that shows nothing."""
-    if not isinstance(name, str):
-        return None
-    bare = without_ignorable(name)
-    one_line = " ".join("".join(char if char.isprintable() else " " for char in bare).split())
-    if len(one_line) > TOPIC_NAME_CHARS:
-        one_line = one_line[: TOPIC_NAME_CHARS - 1].rstrip() + "…"
-    return one_line or None
-
-
-class TopicNames:
-    """The forum topics' names the poll has seen, by (chat id, thread id): the platform
-    tells a bot a topic's name when it is opened (`forum_topic_created`) or renamed
-    (`forum_topic_edited`), service messages every bot gets, and with every message in a
-    topic that replies to nothing else (its `reply_to_message` is the message that opened
-    the topic, with the name it was opened with: a name learnt otherwise is newer, and
-    stays). Kept in memory, `TOPIC_NAMES_KEPT` at most: a topic not seen since the service
-    started is named by its thread id."""
-
-    def __init__(self) -> None:
-        self._names: OrderedDict[tuple[str, str], str] = OrderedDict()
-
-    def get(self, chat_id: str, thread_id: str) -> str | None:
-        return self._names.get((chat_id, thread_id))
-
-    def learn(self, message: Message, chat_id: str) -> None:
-        """Learn a name from `message` (of chat `chat_id`, as the service names the chat)."""
-        if not message.is_topic_message or message.message_thread_id is None:
-            return
-        key = (chat_id, str(message.message_thread_id))
-        named: str | None
-        if message.forum_topic_created is not None:
-            named, newer = message.forum_topic_created.name, True
-        elif message.forum_topic_edited is not None:
-            named, newer = message.forum_topic_edited.name, True
-        elif (opened := message.reply_to_message) is not None and (
-            opened.forum_topic_created is not None
-            and opened.message_id == message.message_thread_id
-        ):
-            named, newer = opened.forum_topic_created.name, key not in self._names
-        else:
-            return
-        name = cleaned_topic_name(named)
-        if name is None or not newer:
-            return
-        self._names[key] = name
-        self._names.move_to_end(key)
-        while len(self._names) > TOPIC_NAMES_KEPT:
-            self._names.popitem(last=False)
+def learn_topic_name(topics: TopicNames, message: Message, chat_id: str) -> None:
+    """Learn the forum topic's name `message` (of chat `chat_id`, as the service names the
+    chat) tells, if it tells one: opened or renamed (newer than any known), or the message
+    that opened the topic, which a message in it that replies to nothing else carries (the
+    name it was opened with: one learnt otherwise is newer, and stays)."""
+    if not message.is_topic_message or message.message_thread_id is None:
+        return
+    thread_id = str(message.message_thread_id)
+    if message.forum_topic_created is not None:
+        topics.learn(chat_id, thread_id, message.forum_topic_created.name, newer=True)
+    elif message.forum_topic_edited is not None:
+        topics.learn(chat_id, thread_id, message.forum_topic_edited.name, newer=True)
+    elif (opened := message.reply_to_message) is not None and (
+        opened.forum_topic_created is not None and opened.message_id == message.message_thread_id
+    ):
+        topics.learn(chat_id, thread_id, opened.forum_topic_created.name, newer=False)
 
 
 def poll_backoff() -> Backoff:
@@ -674,7 +630,7 @@ class CommandPoller:
         if self._topics is not None and message is not None:
             chat_id = str(message.chat.id)
             original = self._moves.original(chat_id) if self._moves is not None else None
-            self._topics.learn(message, original or chat_id)
+            learn_topic_name(self._topics, message, original or chat_id)
         if self._moves is not None:
             move = move_in(update)
             if move is not None and self._moves.learn(*move):

@@ -1809,3 +1809,53 @@ async def test_a_standbys_answer_to_taskcard_names_the_owners_agent_as_served_el
             "• shared: served by another instance of the cluster",
         ), answer
     assert "this instance serves it now" not in standby.logs
+
+
+async def test_topic_names_the_poller_learnt_are_named_by_the_instance_that_answers(
+    tmp_path: Path,
+    fake: FakeTelegram,
+    redis_url: str,
+    prefix: str,
+    fleet: ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The forum topics' names stayed with the instance that polled them: the instance that
+    answers a command from a topic no route follows (one that routes the chat) named the
+    topics by thread id when another instance polled. The names are in the shared state."""
+    other = -1009876543210
+    deploy = fake.create_topic(GROUP, "Deploy")
+    lobby = fake.create_topic(GROUP, "Lobby")
+    poller = fleet.enter_context(
+        instance(tmp_path, "i0", fake, ["i0agent"], redis_url=redis_url, prefix=prefix,
+                 chat_id=other)
+    )  # fmt: skip
+    await eventually(lambda: POLLING in poller.logs, timeout_s=60, what="i0 polling")
+    fake.inject_command(other, "/taskcard")  # answered once i0 read the topics' updates
+    await eventually(lambda: shown(fake, other), timeout_s=60, what="i0's answer")
+    answerer = instance(tmp_path, "i1", fake, ["i1agent"], redis_url=redis_url, prefix=prefix)
+    answerer.config.write_text(
+        answerer.config.read_text().replace(
+            f"chat_id = {GROUP}\n", f"chat_id = {GROUP}\nthread_id = {deploy}\n"
+        )
+    )
+    fleet.enter_context(answerer)
+    publish(tmp_path / "agents" / "i1agent", "card of i1")
+    await eventually(lambda: shown(fake, GROUP), timeout_s=60, what="i1's card")
+    await past_a_later_command(fake, [poller, answerer])
+    assert POLLING not in answerer.logs
+    fake.inject_command(GROUP, "/taskcard", thread_id=lobby)
+    [answer] = await eventually(
+        lambda: [m.text for m in fake.bot_messages(GROUP, lobby) if m.thread_id == lobby],
+        timeout_s=60,
+        what="the answer in the lobby",
+    )
+    assert answer.startswith('No task cards in this topic: this chat\'s are in topic "Deploy".')
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)
+    listed = run_cli("chats", "--config", str(answerer.config), "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {row["thread_id"]: row["topic"] for row in json.loads(listed.stdout)} == {
+        None: None,
+        str(lobby): "Lobby",
+    }
+    for serve in (poller, answerer):
+        assert await serve.aterminate() == 0

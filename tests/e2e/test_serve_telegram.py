@@ -690,6 +690,56 @@ async def test_the_topics_that_have_cards_are_named_by_their_names(
         assert await serve.aterminate() == 0
 
 
+async def test_topic_names_outlive_a_restart_and_show_in_chats(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    # The names the poll learnt lived in its memory alone: after a restart the topics were
+    # named by thread id until Telegram told each name again, a message in a renamed topic
+    # brought back the name it was opened with, and `taskcard chats` showed thread ids only.
+    # They are kept in the state now, cleaned as before, and `chats` shows them beside the id.
+    deploy = fake.create_topic(GROUP, "Deploy\x07 @alice")
+    qa = fake.create_topic(GROUP, "QA")
+    lobby = fake.create_topic(GROUP, "Lobby")
+    serve = setup(tmp_path, fake, ["builder", "tester"], [])
+    config = tmp_path / "taskcard.toml"
+    for thread, agent in ((deploy, "builder"), (qa, "tester")):
+        topic = (
+            f'[[telegram.routes]]\nchat_id = {GROUP}\nthread_id = {thread}\nagents = ["{agent}"]\n'
+        )
+        config.write_text(config.read_text() + topic)
+
+    def answers(thread: int | None) -> list[str]:
+        return [m.text for m in fake.bot_messages(GROUP, thread) if m.thread_id == thread]
+
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "body")
+        publish(agent_dir(tmp_path, "tester"), "checks")
+        await eventually(lambda: len(shown(fake, GROUP)) == 2, what="both topics' cards")
+        fake.edit_topic(GROUP, qa, "QA nightly")
+        fake.inject_command(GROUP, "/taskcard", thread_id=qa)
+        await eventually(lambda: answers(qa), what="the QA topic's answer")
+        assert await serve.aterminate() == 0
+    again = ServeProcess(config, env={"TC_TEST_TOKEN": fake.token})
+    with again:
+        await eventually(lambda: "channel telegram ready" in again.logs, what="the restart")
+        # Its message replies to the one that opened the topic, named "QA": the rename stays.
+        fake.inject_command(GROUP, "/taskcard", thread_id=qa)
+        await eventually(lambda: len(answers(qa)) == 2, what="the QA topic's second answer")
+        fake.inject_command(GROUP, "/taskcard", thread_id=lobby)
+        [first] = await eventually(lambda: answers(lobby), what="the answer in the lobby")
+        assert first.startswith(
+            'No task cards in this topic: this chat\'s are in topic "Deploy @\u200balice" and'
+            ' topic "QA nightly". For cards here'
+        ), first
+        assert await again.aterminate() == 0
+    listed = run_cli("chats", "--config", str(config), "--json")
+    assert listed.returncode == 0, listed.stderr
+    topics = {row["thread_id"]: row["topic"] for row in json.loads(listed.stdout)}
+    assert topics == {str(qa): "QA nightly", str(lobby): "Lobby"}, topics
+    table = run_cli("chats", "--config", str(config))
+    assert f'{lobby} "Lobby"' in table.stdout and f'{qa} "QA nightly"' in table.stdout, table
+
+
 async def test_a_routed_channel_is_commanded_by_its_posts(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
