@@ -16,7 +16,6 @@ import functools
 import hashlib
 import json
 import re
-import sys
 import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
@@ -517,25 +516,70 @@ def folded(text: str) -> str:
     return unicodedata.normalize("NFKC", bare.casefold())
 
 
+# Where every character lies that `folded` reads as ASCII letters and digits alone (`o`, `Ｏ`,
+# `ᵒ`, `ﬀ`, `№`, ...), as whole blocks of 256 code points: Latin and its extensions, modifier
+# and phonetic letters, letterlike symbols and Roman numerals, enclosed alphanumerics,
+# squared abbreviations, ligatures, full-width forms, mathematical alphanumerics.
+# `_folding_to` folds only these (about 5,000 code points, not all 1.1 million: that cost a
+# third of a second on first use); tests/channels/test_folding.py checks against every code
+# point of the running Python's Unicode that none lies elsewhere.
+FOLDING_BLOCKS: Final = (
+    (0x0000, 0x02FF),
+    (0x1D00, 0x1EFF),
+    (0x2000, 0x21FF),
+    (0x2400, 0x24FF),
+    (0x2C00, 0x2CFF),
+    (0x3200, 0x33FF),
+    (0xA700, 0xA7FF),
+    (0xFB00, 0xFBFF),
+    (0xFF00, 0xFFFF),
+    (0x10700, 0x107FF),
+    (0x1D400, 0x1D7FF),
+    (0x1F100, 0x1F1FF),
+    (0x1FB00, 0x1FBFF),
+)
+
+
+def folding_table() -> dict[str, str]:
+    """Each run of ASCII letters and digits that `folded` reads a single character as, with
+    every such character: `o` with `oOｏＯᵒ...`, `ff` with `ﬀ`. From `FOLDING_BLOCKS`."""
+    found: dict[str, list[str]] = {}
+    for first, last in FOLDING_BLOCKS:
+        for code in range(first, last + 1):
+            read = folded(chr(code))
+            if read.isascii() and read.isalnum():
+                found.setdefault(read, []).append(chr(code))
+    return {read: "".join(chars) for read, chars in found.items()}
+
+
 @functools.cache
 def _folding_to() -> dict[str, str]:
-    """Each ASCII letter and digit with every character that `folded` reads as it alone (a
-    regular expression's character class, escaped): `o` with `O`, `ｏ`, `Ｏ`, `ᵒ`, ... Built
-    once, on first use, by folding every code point (about a third of a second)."""
-    found: dict[str, list[str]] = {}
-    for code in range(sys.maxunicode + 1):
-        read = folded(chr(code))
-        if len(read) == 1 and read.isascii() and read.isalnum():
-            found.setdefault(read, []).append(chr(code))
-    return {read: "[" + "".join(map(re.escape, chars)) + "]" for read, chars in found.items()}
+    """`folding_table` as regular expressions' character classes, escaped: built once, on
+    first use."""
+    return {
+        read: "[" + "".join(map(re.escape, chars)) + "]" for read, chars in folding_table().items()
+    }
 
 
 def folding_pattern(word: str) -> str:
     """A regular expression's source matching the text that `folded` reads as `word` (ASCII
-    letters and digits), one character for each of its own: `off` typed `ＯＦＦ` or `Off`.
-    For a word that must be found in a text as typed (a pattern cannot fold it first)."""
+    letters and digits, lower case): `off` typed `ＯＦＦ`, `Off` or `oﬀ` (a ligature reads as
+    the letters it joins). For a word that must be found in a text as typed (a pattern
+    cannot fold it first)."""
     classes = _folding_to()
-    return "".join(classes.get(char, re.escape(char)) for char in word)
+
+    @functools.cache
+    def rest(at: int) -> str:
+        if at == len(word):
+            return ""
+        ways = [
+            classes.get(word[at:end], re.escape(word[at:end]) if end == at + 1 else "") + rest(end)
+            for end in range(at + 1, len(word) + 1)
+            if end == at + 1 or word[at:end] in classes
+        ]
+        return ways[0] if len(ways) == 1 else "(?:" + "|".join(ways) + ")"
+
+    return rest(0)
 
 
 # The words `/taskcard` takes as its option (`bridge.run.commands` reads them; a Feishu

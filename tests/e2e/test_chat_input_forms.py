@@ -196,6 +196,29 @@ async def test_a_full_width_option_glued_after_a_cjk_app_name_is_the_option(
             assert await chat.serve.aterminate() == 0
 
 
+async def test_a_ligature_in_an_option_glued_after_a_cjk_app_name_is_read_as_its_letters(
+    tmp_path: Path,
+) -> None:
+    # `/taskcard oﬀ` was read as `off` (`folded`: the ligature `ﬀ` is the letters it joins),
+    # but glued after a CJK app's name it was not: the pattern that finds the option there
+    # knew only the characters read as one letter each, so the command went unanswered.
+    async with chat_for("feishu", tmp_path, ["builder"]) as chat:
+        assert isinstance(chat, FeishuChat)
+        chat.fake.app_name = "任务卡片"
+        running_agent(tmp_path)
+        with chat.serve:
+            await running_card_shown(chat)
+            await chat.say("/taskcard@任务卡片oﬀline", mention=False)  # another app's name
+            await chat.say("/taskcard@任务卡片oﬀ", mention=False)
+            await wait_said(chat, "Task cards hidden here", "the answer to the ligature")
+            await chat.say("/taskcard@任务卡片ﬆatus", mention=False)
+            await wait_said(chat, "Task cards here", "the answer to status")
+            said = chat.bot_texts()
+            assert not any("activity rows" in t or "Unknown" in t for t in said), said
+            assert len([t for t in said if "Task cards hidden here" in t]) == 1, said
+            assert await chat.serve.aterminate() == 0
+
+
 async def test_the_app_name_typed_addresses_a_command_as_its_picked_mention(
     platform: str,  # noqa: F811 (the imported fixture)
     tmp_path: Path,
