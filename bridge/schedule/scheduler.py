@@ -464,6 +464,12 @@ KEPT_CATCH_UPS = 10_000
 MAX_UNSURE_SENDS = 2
 
 
+class _NotRecorded(Exception):
+    """The state store did not take what a send must leave behind before it goes out
+    (`Scheduler._before_send`); its argument names the store's error type. Nothing was
+    sent."""
+
+
 def pace_s(scopes: Sequence[RateScope]) -> float:
     """The spacing that spends a request's scopes at their sustained rate (0: no scope).
 
@@ -1397,6 +1403,13 @@ class RouteScheduler:
         except Transient as error:
             self._retry_later(resident, f"route {key}: transient failure ({error})")
             return
+        except _NotRecorded as error:
+            self._retry_later(
+                resident,
+                f"route {key}: not sent: the state store did not take the record a send needs"
+                f" first ({error})",
+            )
+            return
         except CredentialsRejected as error:
             resident.failed = message.fingerprint  # shown again after a restart
             if self._on_credentials_rejected is not None:
@@ -1463,14 +1476,35 @@ class RouteScheduler:
     def _before_send(self, channel: Channel, resident: _Resident) -> None:
         """Persist, before the request, what a crash in the middle of it must leave behind:
         a new send's idempotency key and the count of sends without an answer, in one write
-        (one transaction per send instead of two, bench/RESULTS.md "start-up")."""
+        (one transaction per send instead of two, bench/RESULTS.md "start-up").
+
+        `_NotRecorded` when the state store did not take it (a Redis out of memory or turned
+        into a replica): the send must not go out then, and the resident is left as it was,
+        so a send that never went out is not counted as one without an answer (two of those
+        held the card for `ambiguous_send_hold_s`, as if copies might show)."""
+        before = (
+            resident.send_key,
+            resident.send_attempts,
+            resident.unsure_sends,
+            resident.unsure_at,
+        )
         new_key = None
         if resident.send_key is None:
             new_key = resident.send_key = f"{resident.key}:{uuid.uuid4().hex}"
         resident.send_attempts += 1
         unsure = self._unsure_after(channel, resident, +1)
-        if new_key is not None or unsure is not None:
+        if new_key is None and unsure is None:
+            return
+        try:
             self._store.before_send(resident.key.store_key, new_key, unsure)
+        except Exception as error:
+            (
+                resident.send_key,
+                resident.send_attempts,
+                resident.unsure_sends,
+                resident.unsure_at,
+            ) = before
+            raise _NotRecorded(type(error).__name__) from error  # not its text: it can quote a key
 
     async def _send_resident(
         self, channel: Channel, resident: _Resident, message: Outgoing
