@@ -57,6 +57,7 @@ from taskcard.bridge.store.redis import (
     permission_fix,
     raise_if_cancel_swallowed,
     raw_answer,
+    redis_trouble,
     refused_permission,
     wrong_type,
 )
@@ -589,15 +590,15 @@ class Cluster:
         try:
             await self._write_routes(key, text, now_ms)
             self._share_refused = None
-        except ResponseError as error:  # NOPERM, WRONGTYPE: said once, until it works again
+        except ResponseError as error:  # NOPERM, WRONGTYPE, OOM: said once, until it works
             if str(error) != self._share_refused:
                 self._share_refused = str(error)
+                # What it is and its fix (`redis_trouble`), not the error's text, which can
+                # quote a key: a Redis out of memory was told to grant permissions.
                 log.error(
-                    "Redis refused keeping this instance listed in the cluster (%s): the"
-                    " other instances do not see its routes until it is fixed; grant the"
-                    " Redis user the commands docs/operators.md lists, or delete the key of"
-                    " another type",
-                    error,
+                    "Redis refused keeping this instance listed in the cluster: %s. The other"
+                    " instances do not see its routes until it is fixed",
+                    redis_trouble(error),
                 )
         except RedisError:
             pass  # a Redis that does not answer is the leases' business

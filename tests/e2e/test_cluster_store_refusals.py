@@ -85,3 +85,40 @@ async def test_a_send_redis_refused_to_record_is_posted_once_redis_takes_writes(
     assert telegram.count("sendMessage") == 2, "one message each"
     assert "got no answer" not in serve.logs
     assert await serve.aterminate() == 0
+
+
+async def test_a_listing_redis_refuses_for_want_of_memory_names_that_and_its_fix(
+    tmp_path: Path, telegram: FakeTelegram, prefix: str, fleet: ExitStack
+) -> None:
+    """The record that lists an instance in the cluster refused by a Redis out of memory:
+    the log says so and how to fix it, as for every other refusal, where it told the
+    operator to grant the Redis user commands or delete a key of another type."""
+    if not have_redis():
+        pytest.fail("redis-server is not installed: run `make test`, which installs it")
+    server = RedisServer(tmp_path / "redis").start()
+    fleet.callback(server.stop)
+    serve = fleet.enter_context(
+        instance(tmp_path, "i0", telegram, ["alpha"], redis_url=server.url, prefix=prefix)
+    )
+    publish(tmp_path / "agents" / "alpha", "**alpha** step 1")
+    await eventually(
+        lambda: any("alpha step 1" in t for t in shown(telegram, GROUP)),
+        timeout_s=60,
+        what="alpha's card",
+    )
+    client = redis.Redis.from_url(server.url)
+    fleet.callback(client.close)
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    said = "Redis refused keeping this instance listed in the cluster"
+    try:
+        line = await eventually(
+            lambda: next((x for x in serve.logs.splitlines() if said in x), None),
+            timeout_s=60,
+            what="the listing refused",
+        )
+    finally:
+        client.config_set("maxmemory", 0)
+    assert "out of memory (OOM): raise its maxmemory" in line, line
+    assert "grant" not in line and "another type" not in line, line
+    assert await serve.aterminate() == 0
