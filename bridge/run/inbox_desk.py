@@ -1165,7 +1165,7 @@ class InboxDesk:
             self._owe_wake(parent_id, notice_id, wake)
             if carried and taken_back is not None:
                 cursor = _report_wake_cursor(parent_id, child_id)
-                self._store.replace_cursor_if(cursor, taken_back.note, None)
+                self._write_if_unchanged(cursor, taken_back.note, None)
             self._store.set_notice_state(route, notice_id, "failed")
             return False
         # The wakes taken back whose text travels in this one.
@@ -1190,7 +1190,7 @@ class InboxDesk:
                 writer.discard_cancelled(withdrawn)
         if report:
             self._report_wakes[(parent_id, child_id)] = (ident, body)
-            self._write_report_row(
+            self._write_if_unchanged(
                 _report_wake_cursor(parent_id, child_id), left, json.dumps([ident, body])
             )
         self._store.set_notice_state(route, notice_id, "delivered")
@@ -1296,10 +1296,7 @@ class InboxDesk:
         instance found no row, took the wake for queued, and those reports stayed in
         `cancelled/`, which no agent reads."""
         key = _owed_wake_cursor(parent_id, notice_id)
-        if not self._shared:
-            self._store.delete_cursors([key])
-            return
-        if self._store.replace_cursor_if(key, _owed_row(wake), None):
+        if self._write_if_unchanged(key, _owed_row(wake), None):
             return
         stored = self._store.get_cursor(key)
         if stored is None:
@@ -1316,7 +1313,7 @@ class InboxDesk:
                     wake.child_id,
                     error,
                 )
-        self._store.replace_cursor_if(key, stored, None)
+        self._write_if_unchanged(key, stored, None)
 
     def _store_tries(self, parent_id: str, owed: _WakeRetry) -> None:
         """Keep `parent_id`'s failed tries and next due time, for `_take_owed`; marked again
@@ -1335,7 +1332,7 @@ class InboxDesk:
         next wake (`carrier`, its message id) carries it too (cut to fit:
         `joined_report_wakes`); None when there is none (the parent took it first), or when
         `text` alone nearly fills a message. And the pair's row as this left it (None: no
-        row), for the carrier's row to replace only that (`_write_report_row`): what was
+        row), for the carrier's row to replace only that (`_write_if_unchanged`): what was
         read, when another instance wrote the row since, so that the compare fails.
 
         The take back is noted in the store first, with its carrier, until the carrier is
@@ -1344,7 +1341,7 @@ class InboxDesk:
         (`_put_back_taken`).
 
         The row is replaced by the note, and the note deleted, only while it holds what
-        was read (`StateStore.replace_cursor_if`): clustered, another instance may write the
+        was read (`_write_if_unchanged`): clustered, another instance may write the
         pair meanwhile (it gained the child's lease, this one running its last turn), and
         its row stays; this wake then takes nothing back and goes alone.
 
@@ -1361,20 +1358,18 @@ class InboxDesk:
         kept = None if last is None else joined_report_wakes(last.body, text)
         if last is None or last.carrier is not None or kept is None:
             # A row per pair ever seen was left behind; this wake writes its own.
-            if stored and self._store.replace_cursor_if(cursor, stored, None):
+            if stored and self._write_if_unchanged(cursor, stored, None):
                 return None, None
             return None, stored
         note = json.dumps([last.ident, last.body, carrier])
-        if stored is None:  # alone on the state, remembered only: see `_last_report_wake`
-            self._store.set_cursor(cursor, note)
-        elif not self._store.replace_cursor_if(cursor, stored, note):
+        if not self._write_if_unchanged(cursor, stored, note):
             return None, stored
         try:
             taken = writer.cancel(last.ident)
         except InboxRefused:
             taken = False
         if not taken:
-            return None, (None if self._store.replace_cursor_if(cursor, note, None) else note)
+            return None, (None if self._write_if_unchanged(cursor, note, None) else note)
         return _TakenBack(last.ident, last.body, kept, note), note
 
     def _read_report_rows(self) -> dict[str, str]:
@@ -1399,7 +1394,7 @@ class InboxDesk:
         the agent reads those reports twice, rather than never.
 
         Each row is deleted or rewritten only while it still holds what was read
-        (`StateStore.replace_cursor_if`): clustered, the instance writing the child's wakes
+        (`_write_if_unchanged`): clustered, the instance writing the child's wakes
         may rewrite it meanwhile (its carrier queued, the row then names that wake as the
         one still queued), and that newer row must stay, or the child's next report does
         not join the wake queued."""
@@ -1412,7 +1407,7 @@ class InboxDesk:
                 # hand's row, must stay there. The row is deleted, named once with what it
                 # held (by the instance whose delete took it): kept, it was named at every
                 # start, or, clustered, skipped by every lease gained and left for good.
-                if self._store.replace_cursor_if(key, value, None):
+                if self._write_if_unchanged(key, value, None):
                     _say_bad_report_row(key, value, row)
                 continue
             if row.carrier is None or (parent is not None and row.parent_id != parent):
@@ -1429,16 +1424,16 @@ class InboxDesk:
         if self._carried_by_owed(parent_id, ident):
             # Owed with its carrier, which carries it (a stop came before the note
             # went): put back too, it reached the agent twice.
-            self._store.replace_cursor_if(key, value, None)
+            self._write_if_unchanged(key, value, None)
             return
         try:
             if writer.location(carrier) != "missing":
                 writer.discard_cancelled(ident)
-                self._store.replace_cursor_if(key, value, None)
+                self._write_if_unchanged(key, value, None)
                 return
             if not writer.restore(ident):
                 # Not in `cancelled/`: nothing to do.
-                self._store.replace_cursor_if(key, value, None)
+                self._write_if_unchanged(key, value, None)
                 return
         except InboxRefused as error:
             log.warning(
@@ -1448,7 +1443,7 @@ class InboxDesk:
                 error,
             )
             return
-        if self._store.replace_cursor_if(key, value, json.dumps([ident, body])):
+        if self._write_if_unchanged(key, value, json.dumps([ident, body])):
             self._report_wakes[(parent_id, child_id)] = (ident, body)
         log.info(
             "agent %s: the wake about %s taken back by a wake a stop kept from being"
@@ -1493,28 +1488,42 @@ class InboxDesk:
             )
             return False
         self._report_wakes[(parent_id, child_id)] = (taken_back.ident, taken_back.whole)
-        self._write_report_row(
+        self._write_if_unchanged(
             _report_wake_cursor(parent_id, child_id),
             taken_back.note,
             json.dumps([taken_back.ident, taken_back.whole]),
         )
         return True
 
-    def _write_report_row(self, cursor: str, left: str | None, value: str) -> None:
-        """Note `value` as the pair's wake still queued in its report-wake row `cursor`,
-        clustered only while the row holds `left`, what the child's report read or left
-        there (None: no row): another instance may have written the pair since (it gained
-        the child's lease, this one running its last turn), and the child's next report
-        must join the wake that instance noted. Written over, the next report joined this
-        older wake, and the newer one stayed alone. Alone on the state, written whatever
-        the row holds: there is no other writer, and a failing state disk holds back the
-        write of what was left (compared, the row would not be written at all)."""
+    def _write_if_unchanged(self, key: str, held: str | None, value: str | None) -> bool:
+        """Set the row `key` to `value` (None: delete it), clustered only while it holds
+        `held`, what this desk read or left there (None: no row); whether it did. Another
+        instance may have written the row since (a lease moved, the old holder running its
+        last turn, or both trying one owed wake), and its row must stay: written over or
+        deleted, a child's next report joined an older wake, or reports another instance
+        left in `cancelled/` for a wake to carry were never read (`StateStore.
+        replace_cursor_if`; `change_cursor` writing only where there is none). Alone on the
+        state, written whatever the row holds: there is no other writer, and a failing
+        state disk holds back the write of what was left (compared, the row would not be
+        written at all)."""
         if not self._shared:
-            self._store.set_cursor(cursor, value)
-        elif left is not None:
-            self._store.replace_cursor_if(cursor, left, value)
-        else:
-            self._store.change_cursor(cursor, lambda held: value if held is None else held)
+            if value is None:
+                self._store.delete_cursors([key])
+            else:
+                self._store.set_cursor(key, value)
+            return True
+        if held is not None:
+            return self._store.replace_cursor_if(key, held, value)
+        if value is None:
+            return self._store.get_cursor(key) is None
+        wrote = [False]
+
+        def only_where_none(current: str | None) -> str:
+            wrote[0] = current is None
+            return value if current is None else current
+
+        self._store.change_cursor(key, only_where_none)
+        return wrote[0]
 
     def _last_report_wake(self, key: tuple[str, str]) -> tuple[str | None, _ReportRow | None]:
         """The store's row of (parent, child) as read, and what it holds: the report wake
@@ -1535,7 +1544,7 @@ class InboxDesk:
             return stored, None
         row = _report_row(cursor, stored)
         if isinstance(row, str):
-            if self._store.replace_cursor_if(cursor, stored, None):
+            if self._write_if_unchanged(cursor, stored, None):
                 _say_bad_report_row(cursor, stored, row)
             return None, None
         return stored, row
@@ -1548,7 +1557,7 @@ class InboxDesk:
         cursor = _report_wake_cursor(*key)
         stored = self._store.get_cursor(cursor)
         if stored is not None:
-            self._store.replace_cursor_if(cursor, stored, None)
+            self._write_if_unchanged(cursor, stored, None)
 
     def forget_departed(self, fleet: Collection[str]) -> int:
         """At start: forget the report-wake cursors of pairs whose parent or child is not
