@@ -1108,7 +1108,7 @@ class InboxDesk:
                 # (a state disk that failed then holds the change back), or another instance
                 # of a cluster wrote it. Written again, a wake the agent took came twice. In
                 # `cancelled/`, a later wake took it back and carries it.
-                self._forget_owed(parent_id, owed, notice_id)
+                self._forget_owed(writer, parent_id, owed, notice_id)
                 continue
             if not self._write_wake(writer, parent_id, wake):
                 return
@@ -1116,10 +1116,17 @@ class InboxDesk:
             self._owes_none(parent_id)
         log.info("agent %s: the wakes owed are queued", parent_id)
 
-    def _forget_owed(self, parent_id: str, owed: _WakeRetry, notice_id: str) -> None:
-        """An owed wake found in the agent's inbox already: done, in memory and the store."""
+    def _forget_owed(
+        self, writer: InboxWriter, parent_id: str, owed: _WakeRetry, notice_id: str
+    ) -> None:
+        """An owed wake found in the agent's inbox already: done, in memory and the store.
+        Its row goes as a row of a wake queued here does (`_delete_owed_row`): clustered,
+        another instance owing it too may have rewritten it carrying a report wake it took
+        back and could not move back, which the wake found does not carry. Deleted without
+        a look, those reports stayed in `cancelled/`."""
         wake = owed.wakes.pop(notice_id)
-        self._store.delete_cursors([_owed_wake_cursor(parent_id, notice_id)])
+        aboard = [wake.withdrawn] if wake.withdrawn else []
+        self._delete_owed_row(writer, parent_id, notice_id, wake, aboard)
         self._store.set_notice_state(WAKE_ROUTE_PREFIX + parent_id, notice_id, "delivered")
         log.info(
             "agent %s: the wake about %s owed is in its inbox already, not written again",

@@ -1101,3 +1101,72 @@ async def test_an_owed_wake_queued_as_another_instance_owes_it_carrying_more_los
     new.retry_wakes()
     assert report_wake_texts(inbox) == ["worker reported 1", "worker reported 2"]
     assert list((inbox / "cancelled").iterdir()) == []
+
+
+async def test_an_owed_wake_found_queued_as_another_instance_owes_it_carrying_more_loses_none(
+    tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three instances on a real Redis owe lead the wake of worker's second report (lead's
+    inbox refused it at `old`; worker's first is queued). `new` tries it: it takes the
+    first back, and lead's inbox refuses both the wake and the first's move back, so `new`
+    owes the second carrying the first, rewriting the row (the first left in
+    `cancelled/`). Meanwhile `third`, which read worker's wake still queued before `new`
+    took it back, takes nothing back and queues the second alone (the inbox works for it),
+    deleting the row as it knew it, before `new` writes its own. `old` then finds the second
+    in the inbox, and deletes the row only while it holds the wake as `old` knows it:
+    finding `new`'s, it moves the first back to `queued/` first. lead has both reports.
+    Deleted without a look, the first stayed in `cancelled/`, which no agent reads. `new`
+    runs in a thread held at its refused write until `third` is done; no timing."""
+    stores, made = await cluster_desks(3, "lead", "worker")
+    old, new, third = made.cluster(stores)
+    old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    second = _wake_ident("worker:report:2")
+    queue, restore = InboxWriter.queue, InboxWriter.restore
+    refusing: list[threading.Thread | None] = [None]
+
+    def queue_refused(writer: InboxWriter, message: dict[str, object]) -> None:
+        if message["id"] == second and refusing[0] in (None, threading.current_thread()):
+            if refusing[0] is not None:
+                at_write.set()
+                assert third_done.wait(60), "third never finished"
+            raise OSError(28, "No space left on device")
+        queue(writer, message)
+
+    def restore_refused(writer: InboxWriter, ident: str) -> bool:
+        if refusing[0] is threading.current_thread():
+            raise InboxRefused("inbox/cancelled cannot be moved back")
+        return restore(writer, ident)
+
+    monkeypatch.setattr(InboxWriter, "queue", queue_refused)
+    monkeypatch.setattr(InboxWriter, "restore", restore_refused)
+    old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+    assert "lead" in old.problems  # the second owed, the first moved back
+    new.take_agent("lead")
+    third.take_agent("lead")
+    made.now[0] += timedelta(hours=1)
+    at_write, third_done = threading.Event(), threading.Event()
+    trying = threading.Thread(target=new.retry_wakes)
+    refusing[0] = trying
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    get_cursor = stores[2].get_cursor
+
+    def read_then_new_takes_it_back(key: str) -> str | None:
+        found = get_cursor(key)
+        if key == row:
+            stores[2].get_cursor = get_cursor  # type: ignore[method-assign]
+            trying.start()
+            assert at_write.wait(60), "new never wrote its wake"
+        return found
+
+    stores[2].get_cursor = read_then_new_takes_it_back  # type: ignore[method-assign]
+    third.retry_wakes()
+    third_done.set()
+    trying.join(60)
+    assert not trying.is_alive(), "new never finished"
+    owed = OWED_WAKE_CURSOR + json.dumps(["lead", "worker:report:2"])
+    rewritten = json.loads(stores[0].get_cursor(owed) or "null")
+    assert rewritten["withdrawn"] == _wake_ident("worker:report:1"), rewritten
+    old.retry_wakes()
+    inbox = tmp_path / "lead" / "inbox"
+    assert report_wake_texts(inbox) == ["worker reported 1", "worker reported 2"]
+    assert list((inbox / "cancelled").iterdir()) == []
