@@ -1480,8 +1480,20 @@ class InboxDesk:
     ) -> bool:
         """The wake taken back for one that could not be queued, queued again as it was
         (moved back from `cancelled/`, else written again whole) and noted as the child's
-        wake still queued, so the next report joins it; whether it was. Written again with
-        the text cut for the failed wake, it lost the reports the cut left out."""
+        wake still queued, so the next report joins it; whether nothing is left for the
+        failed wake to carry. Written again with the text cut for the failed wake, it lost
+        the reports the cut left out.
+
+        Noted first, in place of the note of the take back and only while that is the row,
+        then moved: clustered, another instance may have taken the note over meanwhile (a
+        child's report, a lease gained, finding it as a stop leaves one), and it carries
+        that wake, or moved it back, itself. Moved back here too, the parent read those
+        reports twice. A move refused puts the note back, for the failed wake to carry
+        the wake taken back."""
+        cursor = _report_wake_cursor(parent_id, child_id)
+        queued = json.dumps([taken_back.ident, taken_back.whole])
+        if not self._write_if_unchanged(cursor, taken_back.note, queued):
+            return True
         try:
             restored = writer.restore(taken_back.ident)
             if not restored:
@@ -1493,13 +1505,9 @@ class InboxDesk:
                 child_id,
                 error,
             )
-            return False
+            # Taken over since the note was replaced: the other instance carries it.
+            return not self._write_if_unchanged(cursor, queued, taken_back.note)
         self._report_wakes[(parent_id, child_id)] = (taken_back.ident, taken_back.whole)
-        self._write_if_unchanged(
-            _report_wake_cursor(parent_id, child_id),
-            taken_back.note,
-            json.dumps([taken_back.ident, taken_back.whole]),
-        )
         return True
 
     def _write_if_unchanged(self, key: str, held: str | None, value: str | None) -> bool:

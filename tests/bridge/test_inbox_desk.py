@@ -965,16 +965,17 @@ async def test_a_wake_put_back_as_another_instance_writes_the_pair_leaves_that_r
     tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three instances on a real Redis. `old` wakes lead for worker's first report; lead's
-    inbox refuses its wake for the second, which took the first back, and `old` moves the
-    first back to `queued/` (owing the second). Before `old` notes the first as worker's
-    wake still queued, `new`, which gained worker's lease, writes worker's third report
-    (the inbox works for it): it finds `old`'s note, the wake it names not in
-    `cancelled/` any more, is done with the note, and its wake goes alone, noted as the
-    wake still queued. `old` then writes its row only while its note is the row, so
-    `new`'s stays, and worker's fourth report, written by a third instance, joins the
-    third. Written over without a compare, the fourth joined the first and the third
-    stayed alone, out of order. The third report is written inside `old`'s write of its
-    row, the refusal made by raising where it would happen: no timing."""
+    inbox refuses its wake for the second, which took the first back, and `old` is to move
+    the first back to `queued/` (owing the second), noting it as worker's wake still queued
+    first. Before that note, `new`, which gained worker's lease, writes worker's third
+    report (the inbox works for it): it finds `old`'s note of the take back, its carrier
+    not in the inbox, and its wake carries the first, noted as the wake still queued.
+    `old` then writes its row only while its note is the row, so `new`'s stays (and the
+    first is not moved back beside the wake carrying it), and worker's fourth report,
+    written by a third instance, joins the first and the third. Written over without a
+    compare, the fourth joined the first alone. The third report is written inside
+    `old`'s write of its row, the refusal made by raising where it would happen: no
+    timing."""
     stores, made = await cluster_desks(3, "lead", "worker")
     old, new, successor = made.cluster(stores)
     old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
@@ -999,10 +1000,9 @@ async def test_a_wake_put_back_as_another_instance_writes_the_pair_leaves_that_r
     assert written == [json.dumps([_wake_ident("worker:report:1"), "worker reported 1"])]
     assert "lead" in old.problems  # the second is owed
     successor.wake("lead", "worker", "report:4", "worker reported 4", report=True)
-    assert report_wake_texts(tmp_path / "lead" / "inbox") == [
-        "worker reported 1",
-        "worker reported 3\nworker reported 4",
-    ]
+    inbox = tmp_path / "lead" / "inbox"
+    assert report_wake_texts(inbox) == ["worker reported 1\nworker reported 3\nworker reported 4"]
+    assert list((inbox / "cancelled").iterdir()) == []
 
 
 @pytest.mark.parametrize("first_queued", [True, False], ids=["a-wake-queued", "none-queued"])
@@ -1170,3 +1170,81 @@ async def test_an_owed_wake_found_queued_as_another_instance_owes_it_carrying_mo
     inbox = tmp_path / "lead" / "inbox"
     assert report_wake_texts(inbox) == ["worker reported 1", "worker reported 2"]
     assert list((inbox / "cancelled").iterdir()) == []
+
+
+async def test_a_wake_put_back_as_another_instance_carries_it_reaches_the_parent_once(
+    tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two instances on a real Redis. `old` wakes lead for worker's first report; its wake
+    for the second takes that one back, and lead's inbox refuses it. Before `old` moves the
+    first back, `new`, which gained worker's lease, writes worker's third report: it finds
+    `old`'s note of the take back, its carrier not in the inbox, and its wake carries the
+    first. `old` moves the first back only once it has replaced its note with the first as
+    worker's wake still queued: finding the note taken over, it leaves the first to `new`,
+    and its second is owed alone. lead reads the first report once. Moved back without a
+    look, the first was queued again beside the wake carrying it. `new`'s report is written
+    inside `old`'s refused write, the refusal raised where it happens: no timing."""
+    stores, made = await cluster_desks(2, "lead", "worker")
+    old, new = made.cluster(stores)
+    old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    queue = InboxWriter.queue
+    refused: list[str] = []
+
+    def refused_once_as_new_writes(writer: InboxWriter, message: dict[str, object]) -> None:
+        if message["id"] == _wake_ident("worker:report:2") and not refused:
+            refused.append(str(message["id"]))
+            new.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+            raise OSError(28, "No space left on device")
+        queue(writer, message)
+
+    monkeypatch.setattr(InboxWriter, "queue", refused_once_as_new_writes)
+    old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+    assert refused, "old never wrote its second wake"
+    assert "lead" in old.problems  # the second is owed
+    inbox = tmp_path / "lead" / "inbox"
+    assert report_wake_texts(inbox) == ["worker reported 1\nworker reported 3"]
+    made.now[0] += timedelta(hours=1)
+    old.retry_wakes()
+    texts = report_wake_texts(inbox)
+    assert "\n".join(texts).count("worker reported 1") == 1, texts
+    assert "worker reported 2" in "\n".join(texts), texts
+    assert list((inbox / "cancelled").iterdir()) == []
+
+
+async def test_a_lease_gained_as_the_wake_taken_back_is_moved_back_leaves_it_noted(
+    tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three instances on a real Redis. `old` wakes lead for worker's first report; lead's
+    inbox refuses its wake for the second, which took the first back, and `old` moves the
+    first back to `queued/`. Just then `new` gains lead's lease and reads `old`'s note of
+    the take back, whose wake is not in `cancelled/` any more. worker's third report,
+    written by a third instance, joins the first: the first stays noted as worker's wake
+    still queued. The note was deleted (the wake it named not found to move back) before
+    `old` replaced it, and the third report went alone. `new` gains the lease inside
+    `old`'s move back, the refusal raised where it happens: no timing."""
+    stores, made = await cluster_desks(3, "lead", "worker")
+    old, new, successor = made.cluster(stores)
+    old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    queue, restore = InboxWriter.queue, InboxWriter.restore
+    moved: list[str] = []
+
+    def queue_refused(writer: InboxWriter, message: dict[str, object]) -> None:
+        if message["id"] == _wake_ident("worker:report:2"):
+            raise OSError(28, "No space left on device")
+        queue(writer, message)
+
+    def moved_back_then_new_gains(writer: InboxWriter, ident: str) -> bool:
+        done = restore(writer, ident)
+        if not moved:
+            moved.append(ident)
+            new.take_agent("lead")
+        return done
+
+    monkeypatch.setattr(InboxWriter, "queue", queue_refused)
+    monkeypatch.setattr(InboxWriter, "restore", moved_back_then_new_gains)
+    old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+    assert moved == [_wake_ident("worker:report:1")]
+    successor.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == [
+        "worker reported 1\nworker reported 3"
+    ]
