@@ -1352,18 +1352,23 @@ class InboxDesk:
         pair meanwhile (it gained the child's lease, this one running its last turn), and
         its row stays; this wake then takes nothing back and goes alone.
 
-        A note of an earlier take back found here (clustered: the instance that wrote it
-        stopped before its carrier, and the parent's lease stayed where it was, so no
-        lease gained put it back) is put back first, as a lease gained would, and the wake
-        it names taken back again for this one to carry; deleted, its reports stayed in
-        `cancelled/` for good."""
+        A note of an earlier take back found here, its wake carried by no other (clustered:
+        the instance that wrote it stopped before its carrier, and the parent's lease
+        stayed where it was, so no lease gained put it back; or the move back was refused)
+        is taken over: this wake carries the wake it names, from `cancelled/` as it is.
+        Deleted, its reports stayed in `cancelled/` for good. So is the child's wake still
+        queued that is found in `cancelled/` (the instance moving it back stopped between
+        its note and the move, or the move was refused), unless a wake owed carries it."""
         cursor = _report_wake_cursor(parent_id, child_id)
         stored, last = self._last_report_wake((parent_id, child_id))
-        if stored is not None and last is not None and last.carrier is not None:
-            self._put_back_note(cursor, stored, last)
+        if (
+            stored is not None
+            and last is not None
+            and self._note_done(writer, cursor, stored, last)
+        ):
             stored, last = self._last_report_wake((parent_id, child_id))
         kept = None if last is None else joined_report_wakes(last.body, text)
-        if last is None or last.carrier is not None or kept is None:
+        if last is None or kept is None:
             # A row per pair ever seen was left behind; this wake writes its own.
             if stored and self._write_if_unchanged(cursor, stored, None):
                 return None, None
@@ -1372,7 +1377,10 @@ class InboxDesk:
         if not self._write_if_unchanged(cursor, stored, note):
             return None, stored
         try:
-            taken = writer.cancel(last.ident)
+            taken = writer.cancel(last.ident) or (
+                writer.location(last.ident) == "cancelled"
+                and not self._carried_by_owed(parent_id, last.ident)
+            )
         except InboxRefused:
             taken = False
         if not taken:
@@ -1423,25 +1431,23 @@ class InboxDesk:
 
     def _put_back_note(self, key: str, value: str, row: _ReportRow) -> None:
         """`_put_back_taken` for one note of a take back, `row`, read as `value` from the
-        report-wake row `key`."""
+        report-wake row `key`. The wake it names is noted as the child's wake still queued
+        first, in place of the note and only while that is the row, and moved back then:
+        another instance may take the note over meanwhile (a child's report, another lease
+        gained), and only one of them moves the wake. So a wake not found in `cancelled/`
+        stays noted: its own writer, running its last turn, may have moved it back
+        already (`_put_back_report_wake`), and the child's next report joins it. A move
+        refused puts the note back, for the next lease gained or the child's next report
+        (which carries that wake from `cancelled/`: `_take_back_report_wake`)."""
         parent_id, child_id, ident, body, carrier = row
         writer = self._writers.get(parent_id)
-        if writer is None or carrier is None:
+        if writer is None or carrier is None or self._note_done(writer, key, value, row):
             return
-        if self._carried_by_owed(parent_id, ident):
-            # Owed with its carrier, which carries it (a stop came before the note
-            # went): put back too, it reached the agent twice.
-            self._write_if_unchanged(key, value, None)
+        queued = json.dumps([ident, body])
+        if not self._write_if_unchanged(key, value, queued):
             return
         try:
-            if writer.location(carrier) != "missing":
-                writer.discard_cancelled(ident)
-                self._write_if_unchanged(key, value, None)
-                return
-            if not writer.restore(ident):
-                # Not in `cancelled/`: nothing to do.
-                self._write_if_unchanged(key, value, None)
-                return
+            restored = writer.restore(ident)
         except InboxRefused as error:
             log.warning(
                 "agent %s: the wake about %s taken back is left in its inbox's cancelled/: %s",
@@ -1449,15 +1455,33 @@ class InboxDesk:
                 child_id,
                 error,
             )
+            self._write_if_unchanged(key, queued, value)
             return
-        if self._write_if_unchanged(key, value, json.dumps([ident, body])):
-            self._report_wakes[(parent_id, child_id)] = (ident, body)
-        log.info(
-            "agent %s: the wake about %s taken back by a wake a stop kept from being"
-            " written is queued again",
-            parent_id,
-            child_id,
-        )
+        self._report_wakes[(parent_id, child_id)] = (ident, body)
+        if restored:
+            log.info(
+                "agent %s: the wake about %s taken back by a wake a stop kept from being"
+                " written is queued again",
+                parent_id,
+                child_id,
+            )
+
+    def _note_done(self, writer: InboxWriter, key: str, value: str, row: _ReportRow) -> bool:
+        """Whether the wake a note of a take back (`row`, read as `value` from `key`) names
+        is carried already: by a wake owed (a stop came before the note went; moved back
+        or carried again, it reached the agent twice), or by the note's carrier, found in
+        the inbox (the wake taken back then goes from `cancelled/`). The note then goes,
+        only while it is the row. A row of the child's wake still queued is no note: False,
+        without a read of the owed rows (a child's every report reads its row)."""
+        if row.carrier is None:
+            return False
+        if not self._carried_by_owed(row.parent_id, row.ident):
+            if writer.location(row.carrier) == "missing":
+                return False
+            with contextlib.suppress(InboxRefused, OSError):
+                writer.discard_cancelled(row.ident)
+        self._write_if_unchanged(key, value, None)
+        return True
 
     def _carried_by_owed(self, parent_id: str, ident: str) -> bool:
         """Whether a wake owed to `parent_id` carries the report wake `ident` taken back:

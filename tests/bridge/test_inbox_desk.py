@@ -1103,75 +1103,6 @@ async def test_an_owed_wake_queued_as_another_instance_owes_it_carrying_more_los
     assert list((inbox / "cancelled").iterdir()) == []
 
 
-async def test_an_owed_wake_found_queued_as_another_instance_owes_it_carrying_more_loses_none(
-    tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Three instances on a real Redis owe lead the wake of worker's second report (lead's
-    inbox refused it at `old`; worker's first is queued). `new` tries it: it takes the
-    first back, and lead's inbox refuses both the wake and the first's move back, so `new`
-    owes the second carrying the first, rewriting the row (the first left in
-    `cancelled/`). Meanwhile `third`, which read worker's wake still queued before `new`
-    took it back, takes nothing back and queues the second alone (the inbox works for it),
-    deleting the row as it knew it, before `new` writes its own. `old` then finds the second
-    in the inbox, and deletes the row only while it holds the wake as `old` knows it:
-    finding `new`'s, it moves the first back to `queued/` first. lead has both reports.
-    Deleted without a look, the first stayed in `cancelled/`, which no agent reads. `new`
-    runs in a thread held at its refused write until `third` is done; no timing."""
-    stores, made = await cluster_desks(3, "lead", "worker")
-    old, new, third = made.cluster(stores)
-    old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
-    second = _wake_ident("worker:report:2")
-    queue, restore = InboxWriter.queue, InboxWriter.restore
-    refusing: list[threading.Thread | None] = [None]
-
-    def queue_refused(writer: InboxWriter, message: dict[str, object]) -> None:
-        if message["id"] == second and refusing[0] in (None, threading.current_thread()):
-            if refusing[0] is not None:
-                at_write.set()
-                assert third_done.wait(60), "third never finished"
-            raise OSError(28, "No space left on device")
-        queue(writer, message)
-
-    def restore_refused(writer: InboxWriter, ident: str) -> bool:
-        if refusing[0] is threading.current_thread():
-            raise InboxRefused("inbox/cancelled cannot be moved back")
-        return restore(writer, ident)
-
-    monkeypatch.setattr(InboxWriter, "queue", queue_refused)
-    monkeypatch.setattr(InboxWriter, "restore", restore_refused)
-    old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
-    assert "lead" in old.problems  # the second owed, the first moved back
-    new.take_agent("lead")
-    third.take_agent("lead")
-    made.now[0] += timedelta(hours=1)
-    at_write, third_done = threading.Event(), threading.Event()
-    trying = threading.Thread(target=new.retry_wakes)
-    refusing[0] = trying
-    row = "report-wake:" + json.dumps(["lead", "worker"])
-    get_cursor = stores[2].get_cursor
-
-    def read_then_new_takes_it_back(key: str) -> str | None:
-        found = get_cursor(key)
-        if key == row:
-            stores[2].get_cursor = get_cursor  # type: ignore[method-assign]
-            trying.start()
-            assert at_write.wait(60), "new never wrote its wake"
-        return found
-
-    stores[2].get_cursor = read_then_new_takes_it_back  # type: ignore[method-assign]
-    third.retry_wakes()
-    third_done.set()
-    trying.join(60)
-    assert not trying.is_alive(), "new never finished"
-    owed = OWED_WAKE_CURSOR + json.dumps(["lead", "worker:report:2"])
-    rewritten = json.loads(stores[0].get_cursor(owed) or "null")
-    assert rewritten["withdrawn"] == _wake_ident("worker:report:1"), rewritten
-    old.retry_wakes()
-    inbox = tmp_path / "lead" / "inbox"
-    assert report_wake_texts(inbox) == ["worker reported 1", "worker reported 2"]
-    assert list((inbox / "cancelled").iterdir()) == []
-
-
 async def test_a_wake_put_back_as_another_instance_carries_it_reaches_the_parent_once(
     tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1248,3 +1179,129 @@ async def test_a_lease_gained_as_the_wake_taken_back_is_moved_back_leaves_it_not
     assert report_wake_texts(tmp_path / "lead" / "inbox") == [
         "worker reported 1\nworker reported 3"
     ]
+
+
+async def test_a_lease_gained_keeps_noted_a_wake_its_writer_moved_back_before_it_stopped(
+    tmp_path: Path, cluster_desks: ClusterDesks
+) -> None:
+    """Three instances on a real Redis. `stopped` wakes lead for worker's first report;
+    lead's inbox refused its wake for the second, which took the first back, and `stopped`
+    moved the first back to `queued/` and stopped before it replaced its note of the take
+    back (an instance of the version before this one moved first and noted after). `new`
+    gains lead's lease: the wake the note names is not in `cancelled/`, and it stays noted
+    as worker's wake still queued, so worker's third report, written by a third instance,
+    joins it. The note was deleted as a wake not found, and the third report went alone."""
+    stores, made = await cluster_desks(3, "lead", "worker")
+    stopped, new, successor = made.cluster(stores)
+    stopped.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    ident, text = json.loads(stores[0].get_cursor(row) or "null")
+    stores[0].set_cursor(row, json.dumps([ident, text, _wake_ident("worker:report:2")]))
+    new.take_agent("lead")
+    assert json.loads(stores[1].get_cursor(row) or "null") == [ident, text]
+    successor.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+    assert report_wake_texts(tmp_path / "lead" / "inbox") == [
+        "worker reported 1\nworker reported 3"
+    ]
+
+
+async def test_a_take_back_its_wake_refused_to_move_back_is_carried_by_the_next_report(
+    tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two instances on a real Redis. `stopped` wakes lead for worker's first report and
+    stops as worker's second report takes that wake back (the note of the take back in the
+    store, the wake in lead's `cancelled/`, its carrier never written). lead's inbox
+    refuses to move anything out of `cancelled/`. `new` gains lead's lease: the wake stays
+    where it is, and the note stays for whoever comes next. `new` then gains worker's
+    lease, and worker's third report carries the first: lead has one wake with both, and
+    nothing is left in `cancelled/` (deleting there works). The report deleted the note
+    its move back had left and went alone, the first report in `cancelled/` for good."""
+    stores, made = await cluster_desks(2, "lead", "worker")
+    stopped, new = made.cluster(stores)
+    stopped.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    ident, text = json.loads(stores[0].get_cursor(row) or "null")
+    note = json.dumps([ident, text, _wake_ident("worker:report:2")])
+    stores[0].set_cursor(row, note)
+    assert InboxWriter(made.workdirs["lead"]).cancel(ident)
+
+    def restore_refused(_writer: InboxWriter, _ident: str) -> bool:
+        raise InboxRefused("inbox/cancelled cannot be moved back")
+
+    monkeypatch.setattr(InboxWriter, "restore", restore_refused)
+    new.take_agent("lead")
+    assert stores[1].get_cursor(row) == note
+    new.take_agent("worker")
+    new.wake("lead", "worker", "report:3", "worker reported 3", report=True)
+    inbox = tmp_path / "lead" / "inbox"
+    assert report_wake_texts(inbox) == ["worker reported 1\nworker reported 3"]
+    assert list((inbox / "cancelled").iterdir()) == []
+
+
+async def test_an_owed_wake_found_queued_as_another_instance_owes_it_carrying_more_loses_none(
+    tmp_path: Path, cluster_desks: ClusterDesks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three instances on a real Redis owe lead the wake of worker's second report (lead's
+    inbox refused it at `old`; worker's first is queued). `new` tries it: it takes the
+    first back, and lead's inbox refuses both the wake and the first's move back, so `new`
+    owes the second carrying the first, rewriting the row (the first left in
+    `cancelled/`). Meanwhile `third`, which read worker's wake still queued before `new`
+    took it back, takes nothing back and queues the second alone (the inbox works for it),
+    deleting the row as it knew it, before `new` writes its own. `old` then finds the second
+    in the inbox, and deletes the row only while it holds the wake as `old` knows it:
+    finding `new`'s, it moves the first back to `queued/` first. lead has both reports.
+    Deleted without a look, the first stayed in `cancelled/`, which no agent reads. `new`
+    runs in a thread held at its refused write until `third` is done; no timing."""
+    stores, made = await cluster_desks(3, "lead", "worker")
+    old, new, third = made.cluster(stores)
+    old.wake("lead", "worker", "report:1", "worker reported 1", report=True)
+    second = _wake_ident("worker:report:2")
+    queue, restore = InboxWriter.queue, InboxWriter.restore
+    refusing: list[threading.Thread | None] = [None]
+
+    def queue_refused(writer: InboxWriter, message: dict[str, object]) -> None:
+        if message["id"] == second and refusing[0] in (None, threading.current_thread()):
+            if refusing[0] is not None:
+                at_write.set()
+                assert third_done.wait(60), "third never finished"
+            raise OSError(28, "No space left on device")
+        queue(writer, message)
+
+    def restore_refused(writer: InboxWriter, ident: str) -> bool:
+        if refusing[0] is threading.current_thread():
+            raise InboxRefused("inbox/cancelled cannot be moved back")
+        return restore(writer, ident)
+
+    monkeypatch.setattr(InboxWriter, "queue", queue_refused)
+    monkeypatch.setattr(InboxWriter, "restore", restore_refused)
+    old.wake("lead", "worker", "report:2", "worker reported 2", report=True)
+    assert "lead" in old.problems  # the second owed, the first moved back
+    new.take_agent("lead")
+    third.take_agent("lead")
+    made.now[0] += timedelta(hours=1)
+    at_write, third_done = threading.Event(), threading.Event()
+    trying = threading.Thread(target=new.retry_wakes)
+    refusing[0] = trying
+    row = "report-wake:" + json.dumps(["lead", "worker"])
+    get_cursor = stores[2].get_cursor
+
+    def read_then_new_takes_it_back(key: str) -> str | None:
+        found = get_cursor(key)
+        if key == row:
+            stores[2].get_cursor = get_cursor  # type: ignore[method-assign]
+            trying.start()
+            assert at_write.wait(60), "new never wrote its wake"
+        return found
+
+    stores[2].get_cursor = read_then_new_takes_it_back  # type: ignore[method-assign]
+    third.retry_wakes()
+    third_done.set()
+    trying.join(60)
+    assert not trying.is_alive(), "new never finished"
+    owed = OWED_WAKE_CURSOR + json.dumps(["lead", "worker:report:2"])
+    rewritten = json.loads(stores[0].get_cursor(owed) or "null")
+    assert rewritten["withdrawn"] == _wake_ident("worker:report:1"), rewritten
+    old.retry_wakes()
+    inbox = tmp_path / "lead" / "inbox"
+    assert report_wake_texts(inbox) == ["worker reported 1", "worker reported 2"]
+    assert list((inbox / "cancelled").iterdir()) == []
