@@ -30,7 +30,9 @@ Short text messages use the same lanes and limits, taking turns with cards: noti
 pulled from the notice outbox (`bridge.notices.outbox`, which owns their life and records their
 outcome), command replies are queued here (unsent ones collapse; with `keep_replies` the
 unsent ones are kept in the store until sent, so a stop after the command's update was
-confirmed does not lose its answer: the next start sends it once its channel is ready).
+confirmed does not lose its answer: the next start sends it once its channel is ready; on a
+platform that cannot deduplicate sends it is marked unsure before its request goes out, and a
+start after a kill in the middle leaves it, as the outbox leaves such a notice).
 """
 
 from __future__ import annotations
@@ -258,6 +260,9 @@ class _Reply:
     retry_at: float = 0.0
     failures: int = 0
     collapse_key: str | None = None
+    # As the store keeps it (see `_kept_reply`): kept again with `unsure` set before a send
+    # that may post it without an answer (see `RouteScheduler._reply_sending`).
+    entry: dict[str, Any] = field(default_factory=dict)
 
 
 _Text = _Reply | QueuedNotice
@@ -311,7 +316,14 @@ def _kept_reply(key: str, entry: object) -> _Reply | None:
         key,
         None if answered is None else ReplyTo(str(answered[0]), answered[1]),
         collapse_key=entry.get("collapse_key"),
+        entry=entry,
     )
+
+
+def _unsure_reply(entry: object) -> bool:
+    """Whether a kept reply's send had begun, on a platform that cannot deduplicate sends,
+    when its instance stopped: it may be in the chat, and it is never sent again."""
+    return isinstance(entry, dict) and entry.get("unsure") is True
 
 
 class _RouteQueue:
@@ -989,10 +1001,6 @@ class RouteScheduler:
         ]:
             lane.replies.remove(stale)
             self._forget_reply(stale, save=False)
-        reply = _Reply(
-            chat, message, f"reply:{uuid.uuid4().hex}", reply_to, collapse_key=collapse_key
-        )
-        lane.replies.append(reply)
         entry = {
             "channel": channel,
             "chat_id": chat.chat_id,
@@ -1003,13 +1011,39 @@ class RouteScheduler:
             "reply_to": None if reply_to is None else [reply_to.message_id, reply_to.thread_id],
             "collapse_key": collapse_key,
         }
+        reply = _Reply(
+            chat,
+            message,
+            f"reply:{uuid.uuid4().hex}",
+            reply_to,
+            collapse_key=collapse_key,
+            entry=entry,
+        )
+        lane.replies.append(reply)
         # Kept before the caller goes on: the command's update is confirmed after this.
+        self._keep_reply(reply, entry)
+        lane.wake.set()
+
+    def _keep_reply(self, reply: _Reply, entry: dict[str, Any]) -> bool:
+        """Keep `reply` as `entry` in the store (or the cluster's hash) until it is sent;
+        False when the store did not take it."""
         if self._kept_replies is not None:
             self._kept_replies[reply.idempotency_key] = entry
-            self._save_replies()
-        elif self._shared_replies is not None:
+            return self._save_replies()
+        if self._shared_replies is not None:
             self._shared_replies.keep(reply.idempotency_key, entry)
-        lane.wake.set()
+        return True
+
+    def _reply_sending(self, reply: _Reply) -> bool:
+        """Its request is about to go out on a platform that cannot deduplicate sends: keep
+        it marked `unsure` first, so that a stop or a kill before the answer leaves it unsent
+        by the next start (or by the instance taking it over), as a notice is (at most once).
+        False when the store did not take the mark: then it is not sent now."""
+        return self._keep_reply(reply, {**reply.entry, "unsure": True})
+
+    def _reply_not_sent(self, reply: _Reply) -> None:
+        """The platform answered without posting it: kept as unsent again, for a restart."""
+        self._keep_reply(reply, reply.entry)
 
     def channel_ready(self, channel: str) -> None:
         """`channel` can send: the replies the last run left unsent in it go out now, and
@@ -1034,6 +1068,15 @@ class RouteScheduler:
         key -> entry), taken over by this one, which sends them now or once their channel
         is ready. An entry this version cannot read is logged and dropped."""
         for key, entry in kept.items():
+            if _unsure_reply(entry):
+                log.warning(
+                    "a command reply a stopped instance was sending may have been posted"
+                    " (no answer came); not sent again (%s)",
+                    key,
+                )
+                if self._shared_replies is not None:
+                    self._shared_replies.forget(key)
+                continue
             reply = _kept_reply(key, entry)
             name = str(entry["channel"]) if reply is not None else ""
             if reply is None or name not in self._channels:
@@ -1058,12 +1101,14 @@ class RouteScheduler:
         if self._kept_replies.pop(reply.idempotency_key, None) is not None and save:
             self._save_replies()
 
-    def _save_replies(self) -> None:
+    def _save_replies(self) -> bool:
         assert self._kept_replies is not None
         try:
             self._store.set_cursor(PENDING_REPLIES_CURSOR, json.dumps(self._kept_replies))
         except Exception as error:  # the reply still goes out; only a stop would lose it
             log.warning("could not keep the unsent command replies: %s", error)
+            return False
+        return True
 
     def _load_replies(self) -> None:
         """The replies the last run left unsent, held until their channel is ready."""
@@ -1084,7 +1129,13 @@ class RouteScheduler:
             # One by one: an entry edited by hand (a topic that is no id) is left out alone,
             # instead of failing at every send and holding up the chat's other answers.
             reply = _kept_reply(key, entry)
-            if reply is None:
+            if _unsure_reply(entry):
+                log.warning(
+                    "a command reply the last run was sending may have been posted (it"
+                    " stopped before the answer came); not sent again (%s)",
+                    key,
+                )
+            elif reply is None:
                 log.warning("ignoring the unsent command reply %s of the last run: unreadable", key)
             elif entry["channel"] in self._channels:
                 self._held_replies.append((entry["channel"], reply))
@@ -1839,12 +1890,21 @@ class RouteScheduler:
                 return
         else:
             once = None
+        # The same for a command's answer (see `_reply_sending`).
+        reply_once = (
+            text if isinstance(text, _Reply) and channel.ambiguous_send_hold_s is not None else None
+        )
+        if reply_once is not None and not self._reply_sending(reply_once):
+            reservation.complete()
+            self._retry_later(text, f"{where}: the state store did not take the reply's send")
+            self._put_back(lane, text, front=False)
+            return
         try:
             message_id = await channel.send(
                 chat, text.message, idempotency_key=key, reply_to=reply_to
             )
         except RateLimited as error:
-            self._not_sent(outbox, once)
+            self._not_sent(outbox, once, reply_once)
             self._put_back(lane, text, front=True)
             self._rate_limited(error, where)
             return
@@ -1854,24 +1914,24 @@ class RouteScheduler:
                 log.warning("%s: a notice may have been posted (%s); not sent again", where, error)
                 outbox.abandon(once)  # recorded unsure before the request: it stays so
                 return
-            if isinstance(text, _Reply) and channel.ambiguous_send_hold_s is not None:
+            if reply_once is not None:
                 # The same rule for a command's answer: the person can ask again, and a
                 # platform that cannot deduplicate a send would show the answer twice.
                 log.warning("%s: a reply may have been posted (%s); not sent again", where, error)
-                self._forget_reply(text)
+                self._forget_reply(reply_once)
                 return
             self._retry_later(text, f"{where}: transient failure ({error})")
             self._put_back(lane, text, front=False)
             return
         except Transient as error:
-            self._not_sent(outbox, once)
+            self._not_sent(outbox, once, reply_once)
             self._retry_later(text, f"{where}: transient failure ({error})")
             self._put_back(lane, text, front=False)
             return
         except CredentialsRejected as error:
             # Not this notice's fault: it stays pending in the store, and a restart with
             # valid credentials sends it (marked failed, it was lost with the old token).
-            self._not_sent(outbox, once)
+            self._not_sent(outbox, once, reply_once)
             if self._on_credentials_rejected is not None:
                 self._on_credentials_rejected(lane.channel, error)
             else:
@@ -1887,6 +1947,8 @@ class RouteScheduler:
         except BaseException:
             if once is not None and outbox is not None:
                 outbox.abandon(once)  # it may have gone: it stays unsure
+            elif reply_once is not None:
+                pass  # it may have gone: kept unsure, the next start does not send it
             else:
                 self._put_back(lane, text, front=True)
             raise
@@ -1898,11 +1960,15 @@ class RouteScheduler:
             self._forget_reply(text)
         self._remember_sent(channel, message_id)
 
-    @staticmethod
-    def _not_sent(outbox: NoticeOutbox | None, once: QueuedNotice | None) -> None:
-        """The platform answered without posting a notice sent at most once: pending again."""
+    def _not_sent(
+        self, outbox: NoticeOutbox | None, once: QueuedNotice | None, reply: _Reply | None
+    ) -> None:
+        """The platform answered without posting a notice or reply sent at most once: pending
+        again."""
         if outbox is not None and once is not None:
             outbox.not_sent(once)
+        if reply is not None:
+            self._reply_not_sent(reply)
 
     def _remember_sent(self, channel: Channel, message_id: str) -> None:
         """Keep the id of a message just posted where a reply does not say who wrote the

@@ -241,3 +241,30 @@ async def test_a_command_reply_whose_answer_is_lost_shows_once_on_telegram(
         await eventually(lambda: answers("now show 4 activity rows") == 1, what="the next one")
         assert answers("now show 2 activity rows") == 1
         assert await service.aterminate() == 0
+
+
+async def test_a_kill_while_a_command_reply_awaits_its_answer_does_not_post_it_again(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """A command's answer is kept in the state until it is sent, so that a stop does not lose
+    it; one whose send was under way at a kill -9 was sent again by the next start, and the
+    chat showed it twice. It is now kept as unsure before its request goes out, as a notice
+    is, and the next start says so in its log and leaves it."""
+    setup = Setup(tmp_path, telegram, feishu)
+
+    def answers(words: str) -> int:
+        return sum(words in m.text for m in telegram.bot_messages(TG_CHAT))
+
+    with setup.serve() as service:
+        await setup.cards_up()
+        telegram.hold_answers("sendMessage")
+        telegram.inject_command(TG_CHAT, "/taskcard 2")
+        await eventually(lambda: answers("now show 2 activity rows") == 1, what="the answer")
+        service.kill()
+    telegram.release_answers("sendMessage")
+    with setup.serve() as again:
+        telegram.inject_command(TG_CHAT, "/taskcard 4")
+        await eventually(lambda: answers("now show 4 activity rows") == 1, what="the next one")
+        assert answers("now show 2 activity rows") == 1
+        assert await again.aterminate() == 0
+    assert "a command reply the last run was sending may have been posted" in again.logs
