@@ -47,7 +47,11 @@ from taskcard.bridge.run.runner import (
     start_blockers,
 )
 from taskcard.bridge.run.terminal import printable
-from taskcard.bridge.schedule.scheduler import card_refused_key, parse_card_refused
+from taskcard.bridge.schedule.scheduler import (
+    card_refusal_marked,
+    card_refused_key,
+    parse_card_refused,
+)
 from taskcard.bridge.store.sqlite import (
     STATE_FILE,
     UNFIT_STATE_ERRORS,
@@ -289,8 +293,16 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                     "disabled": record.disabled_reason if record else None,
                     # The platform refused the route's latest card for good: the chat shows
                     # the one before, until a later card goes through.
+                    # `chat_told`: the chat shows the short card saying so (once per run of
+                    # refusals) rather than the last card that went through.
                     "card_refused": (
-                        {"reason": refused[0], "since": _when(refused[1])} if refused else None
+                        {
+                            "reason": refused[0],
+                            "since": _when(refused[1]),
+                            "chat_told": card_refusal_marked(kept),
+                        }
+                        if refused
+                        else None
                     ),
                     "unanswered_sends": record.unsure_sends if record else 0,
                     "sends_held_until": _send_hold(config, channel, record, now),
@@ -650,11 +662,15 @@ def _status(args: argparse.Namespace) -> int:
             refused = route["card_refused"]
             whose = "board" if board else f"agent {route['agent']}"
             what = "board" if board else "card"
-            shows = (
-                f"the chat shows the last {what} that went through"
-                if route["message_id"]
-                else f"no {what} of the route was shown yet"
-            )
+            if not route["message_id"]:
+                shows = f"no {what} of the route was shown yet"
+            elif refused.get("chat_told"):
+                shows = (
+                    f"the chat shows a short {what} saying that the latest could not be shown,"
+                    f" until a later {what} goes through"
+                )
+            else:
+                shows = f"the chat shows the last {what} that went through"
             print(
                 printable(
                     f"  CARD REFUSED ({whose}) since {refused['since'] or 'an unknown time'}:"

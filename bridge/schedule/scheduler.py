@@ -143,6 +143,16 @@ def parse_card_refused(raw: str | None, route: str) -> tuple[str, float | None] 
     return data["reason"], since
 
 
+def card_refusal_marked(raw: str | None) -> bool:
+    """Whether the refusal kept as `raw` (see `parse_card_refused`) was told in its chat by
+    the short card: a start in the middle of the run of refusals does not tell it again."""
+    try:
+        data = json.loads(raw or "")
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("marked") is True
+
+
 @dataclass
 class _Resident:
     key: RouteKey
@@ -698,8 +708,9 @@ class RouteScheduler:
         )
         resident = self._residents[key]
         if keeps_refusal:
-            # A refusal the last run kept stays until a card of the route goes through.
-            resident.refusal, resident.refused_at = self._kept_refusal(key, kept)
+            # A refusal the last run kept stays until a card of the route goes through, and
+            # so does whether the chat was told of it (the short card is shown once a run).
+            resident.refusal, resident.refused_at, resident.marked = self._kept_refusal(key, kept)
         if (resident.pin_owed or resident.delete_pending) and key.channel in self._ready:
             self._enqueue(resident)  # else once the channel is (`channel_ready`)
         if record and record.disabled_reason:
@@ -1755,6 +1766,8 @@ class RouteScheduler:
         )
         if message is resident.marker:
             resident.marked = True  # the refusal run goes on: `taskcard status` keeps it
+            if resident.refusal:
+                self._save_refusal(resident, resident.refusal, resident.refused_at)
         else:
             resident.marker, resident.marked = None, False
             if resident.refusal is not None:
@@ -1789,18 +1802,21 @@ class RouteScheduler:
 
     def _kept_refusal(
         self, key: RouteKey, kept: ReadAhead[str, str] | None = None
-    ) -> tuple[str | None, float | None]:
+    ) -> tuple[str | None, float | None, bool]:
         """The reason and the start of the refusal the store keeps for the route (None: none;
         a reason of "" when the store cannot be read now, so that the route's next card shown
-        clears any there). One read per route added, as `resident` is: a restart, a reload, a
-        lease taken over; never per card."""
+        clears any there), and whether the chat was shown the short card of it. One read per
+        route added, as `resident` is: a restart, a reload, a lease taken over; never per
+        card."""
         try:
             cursor = card_refused_key(key.store_key)
             raw = self._store.get_cursor(cursor) if kept is None else kept.take(cursor)
             refusal = parse_card_refused(raw, key.store_key)
         except Exception:
-            return "", None
-        return (None, None) if refusal is None else refusal
+            return "", None, False
+        if refusal is None:
+            return None, None, False
+        return *refusal, card_refusal_marked(raw)
 
     def _keep_refusal(self, resident: _Resident, reason: str) -> None:
         """Keep in the store that the platform refused the route's card for good, and why, for
@@ -1814,7 +1830,12 @@ class RouteScheduler:
         # began when its first refusal came.
         began = resident.refused_at if resident.refusal is not None else None
         began = self._wall() if began is None else began
-        value = json.dumps({"reason": reason, "at": began})
+        if self._save_refusal(resident, reason, began):
+            resident.refusal, resident.refused_at = reason, began
+
+    def _save_refusal(self, resident: _Resident, reason: str, began: float | None) -> bool:
+        """Write the route's refusal as `_kept_refusal` reads it; False when the store failed."""
+        value = json.dumps({"reason": reason, "at": began, "marked": resident.marked})
         try:
             self._store.set_cursor(card_refused_key(resident.key.store_key), value)
         except Exception as error:
@@ -1823,8 +1844,8 @@ class RouteScheduler:
                 resident.key,
                 type(error).__name__,  # not its text: a Redis error's can quote a key
             )
-            return
-        resident.refusal, resident.refused_at = reason, began
+            return False
+        return True
 
     def _clear_refusal(self, resident: _Resident) -> None:
         """A card of the route went through: the refusal kept for it is over."""

@@ -297,7 +297,7 @@ def test_a_time_no_date_can_show_is_skipped_by_status_and_chats(tmp_path: Path, 
     status = json.loads(run_cli("status", "--json", "--config", str(config)).stdout)
     (route,) = [r for r in status["routes"] if r["agent"] == "a"]
     assert route["last_committed"] is None and route["message_id"] == "7"
-    assert route["card_refused"] == {"reason": "too long", "since": None}
+    assert route["card_refused"] == {"reason": "too long", "since": None, "chat_told": False}
     assert status["pauses"] == []
     assert (
         "CARD REFUSED (agent a) since an unknown time: too long"
