@@ -236,6 +236,7 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
         }
         health = read_health(config.state_dir)
         pending = store.pending_notices() if store else []
+        unsure = store.unsure_notices() if store else []
         fleet = _fleet(config, store)
         cluster_routed = _cluster_routed(config, store)
         # Whether the config already names the chat's new id (then nothing is left to edit).
@@ -308,6 +309,13 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                     "sends_held_until": _send_hold(config, channel, record, now),
                     "paused_until": route_pauses,
                     "pending_notices": [p.notice_id for p in pending if p.route == key],
+                    # Sent without an answer (or cut short by a stop) on a platform that
+                    # cannot deduplicate sends: maybe in the chat, never sent again.
+                    "unsure_notices": [
+                        {"id": u.notice_id, "since": _when(u.since), "text": u.text}
+                        for u in unsure
+                        if u.route == key
+                    ],
                     "moved_to": moved,
                     "config_names_new_chat": moved is not None and moved in configured_chats,
                 }
@@ -693,6 +701,7 @@ def _status(args: argparse.Namespace) -> int:
             # A notice's id is the agent's own idempotency key: any string.
             + (f" ({printable(', '.join(notices))})" if notices else "")
         )
+        _print_unsure(route["unsure_notices"])
     for agent in report["agents"]:
         if agent["state"] is not None:
             state = agent["state"].replace("-", " ")  # as people read it, as on cards
@@ -706,6 +715,30 @@ def _status(args: argparse.Namespace) -> int:
             for problem in agent["problems"]:
                 print(f"  - {printable(problem)}")
     return 0
+
+
+# The unsure notices `status` prints of a route, the latest (JSON lists them all).
+UNSURE_SHOWN = 10
+UNSURE_TEXT_CHARS = 80
+
+
+def _print_unsure(unsure: list[dict[str, Any]]) -> None:
+    """A route's unsure notices: each may be in the chat or missing from it."""
+    if not unsure:
+        return
+    print(
+        f"  unsure notices: {len(unsure)} (each was being sent when no answer came or the"
+        " service stopped: it may be in the chat or missing from it, and is never sent"
+        " again, so that the chat never shows it twice)"
+    )
+    if len(unsure) > UNSURE_SHOWN:
+        print(f"    ({len(unsure) - UNSURE_SHOWN} older ones not listed; --json lists them all)")
+    for notice in unsure[-UNSURE_SHOWN:]:
+        text = " ".join(notice["text"].split())
+        if len(text) > UNSURE_TEXT_CHARS:
+            text = text[: UNSURE_TEXT_CHARS - 1] + "…"
+        since = notice["since"] or "an unknown time"
+        print(printable(f"    - {notice['id']} since {since}: {text}"))
 
 
 def _resident_shown(route: dict[str, Any], board: bool) -> str:

@@ -104,6 +104,16 @@ class PendingNotice:
     created_at: float
 
 
+@dataclass(frozen=True)
+class UnsureNotice:
+    """A notice recorded `unsure` (see `NoticeState`), and since when (its send began)."""
+
+    route: str
+    notice_id: str
+    text: str
+    since: float | None
+
+
 class StateFileError(Exception):
     """The state file cannot be used; the message is one line naming the file and the fix."""
 
@@ -220,6 +230,11 @@ class StateStore(ABC):
 
     @abstractmethod
     def set_notice_state(self, route: str, notice_id: str, state: NoticeState) -> None: ...
+
+    @abstractmethod
+    def unsure_notices(self, route: str | None = None) -> list[UnsureNotice]:
+        """The notices recorded `unsure` (of `route`, or of all routes), the oldest first:
+        for `taskcard status`, which shows an operator what may be missing from a chat."""
 
     # Offsets and cursors -------------------------------------------------------------------
     @abstractmethod

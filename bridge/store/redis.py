@@ -72,6 +72,7 @@ from taskcard.bridge.store.base import (
     SeenChat,
     StateFileError,
     StateStore,
+    UnsureNotice,
     in_batches,
     shown_key,
     stored_time,
@@ -452,6 +453,11 @@ if ARGV[2] == 'pending' then
   redis.call('ZADD', KEYS[2], redis.call('HGET', KEYS[3], ARGV[1]), ARGV[1])
 else
   redis.call('ZREM', KEYS[2], ARGV[1])
+end
+if ARGV[2] == 'unsure' then
+  redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+else
+  redis.call('ZREM', KEYS[4], ARGV[1])
 end
 return 1
 """
@@ -877,8 +883,40 @@ class RedisStore(StateStore):
         return sorted(found, key=lambda n: (n.created_at, n.notice_id))
 
     def set_notice_state(self, route: str, notice_id: str, state: NoticeState) -> None:
-        keys = [self.key("n", "state"), self.key("n", "pending"), self.key("n", "at")]
-        self._notice_state(keys=keys, args=[_member(route, notice_id), state])
+        keys = [
+            self.key("n", "state"),
+            self.key("n", "pending"),
+            self.key("n", "at"),
+            self.key("n", "unsure"),  # when each unsure notice became so, for status
+        ]
+        self._notice_state(keys=keys, args=[_member(route, notice_id), state, repr(time.time())])
+
+    def unsure_notices(self, route: str | None = None) -> list[UnsureNotice]:
+        unsure = self.key("n", "unsure")
+        # The client answers (member, score) pairs, the score a float.
+        listed = raw_answer(self._r, "ZRANGE", unsure, 0, -1, "WITHSCORES")
+        pairs = [
+            (member, score)
+            for raw, score in listed
+            if (member := utf8(unsure, _field_name(raw), raw)) is not None
+        ]
+        if not pairs:
+            return []
+        members, scores = [m for m, _ in pairs], [score for _, score in pairs]
+        text_key = self.key("n", "text")
+        texts = raw_answer(self._r, "HMGET", text_key, *members)
+        found = []
+        for member, score, raw_text in zip(members, scores, texts, strict=True):
+            parts = _parts(member, 2)
+            if parts is None:
+                _corrupt(unsure, member)
+                continue
+            notice_route, notice_id = parts
+            if route is not None and notice_route != route:
+                continue
+            text = utf8(text_key, member, raw_text)
+            found.append(UnsureNotice(notice_route, notice_id, text or "", stored_time(score)))
+        return found
 
     def notice_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -1232,6 +1270,7 @@ class RedisStore(StateStore):
             for name in ("text", "state", "at"):
                 pipe.hdel(self.key("n", name), *members)
             pipe.zrem(self.key("n", "pending"), *members)
+            pipe.zrem(self.key("n", "unsure"), *members)
         if offsets:
             pipe.hdel(self.key("offsets"), *offsets)
         if inbox:

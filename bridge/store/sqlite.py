@@ -62,6 +62,7 @@ from taskcard.bridge.store.base import (
     StateFileLocked,
     StateHealth,
     StateStore,
+    UnsureNotice,
     in_batches,
     shown_key,
     stored_int,
@@ -88,6 +89,7 @@ __all__ = [
     "StateFileLocked",
     "StateHealth",
     "StateStore",
+    "UnsureNotice",
     "check_state_file",
     "in_batches",
     "read_health",
@@ -1122,6 +1124,35 @@ class SqliteStore(StateStore):
             elif text and (notice_route, notice_id) not in found:
                 found[(notice_route, notice_id)] = PendingNotice(notice_route, notice_id, text, at)
         return sorted(found.values(), key=lambda n: (n.created_at, n.notice_id))
+
+    def unsure_notices(self, route: str | None = None) -> list[UnsureNotice]:
+        query = "SELECT route, notice_id, text, updated_at FROM notices WHERE state = 'unsure'"
+        params: tuple[str, ...] = ()
+        if route is not None:
+            query += " AND route = ?"
+            params = (route,)
+        rows = self._db.execute(query + " ORDER BY updated_at, notice_id", params).fetchall()
+        found = {}
+        for row in rows:
+            name = f"{stored_text(row['route'])} {stored_text(row['notice_id'])}"
+            notice_route, notice_id, text = (
+                self._stored("notices", name, row, column)
+                for column in ("route", "notice_id", "text")
+            )
+            if notice_route is not None and notice_id is not None:
+                since = stored_time(row["updated_at"])
+                found[notice_route, notice_id] = UnsureNotice(
+                    notice_route, notice_id, text or "", since
+                )
+        # Writes waiting in the backlog are newer than the file: they decide.
+        for (notice_route, notice_id), (text, state, at) in self._notice_overlay.items():
+            if route is not None and notice_route != route:
+                continue
+            if state != "unsure":
+                found.pop((notice_route, notice_id), None)
+            elif (notice_route, notice_id) not in found:
+                found[notice_route, notice_id] = UnsureNotice(notice_route, notice_id, text, at)
+        return sorted(found.values(), key=lambda n: (n.since or 0.0, n.notice_id))
 
     def set_notice_state(self, route: str, notice_id: str, state: NoticeState) -> None:
         now = time.time()

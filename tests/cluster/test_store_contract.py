@@ -153,6 +153,25 @@ def test_a_notice_is_recorded_once_and_leaves_pending_by_state(opener: Opener) -
     assert store.notice_counts() == {"delivered": 1, "pending": 1, "suppressed": 1}
 
 
+def test_unsure_notices_are_listed_with_when_their_send_began(opener: Opener) -> None:
+    """For `taskcard status`: what may be missing from a chat, and since when."""
+    store = opener()
+    for notice_id in ("n1", "n2", "n3"):
+        assert store.add_notice("r", notice_id, f"text of {notice_id}", "pending")
+    assert store.add_notice("other", "n1", "elsewhere", "pending")
+    before = time.time()
+    store.set_notice_state("r", "n2", "unsure")
+    store.set_notice_state("other", "n1", "unsure")
+    store.set_notice_state("r", "n3", "unsure")
+    store.set_notice_state("r", "n3", "pending")  # answered without posting: pending again
+    unsure = opener().unsure_notices("r")
+    assert [(u.notice_id, u.text) for u in unsure] == [("n2", "text of n2")]
+    assert unsure[0].since is not None and before - 1 <= unsure[0].since <= time.time() + 1
+    assert sorted(u.route for u in store.unsure_notices()) == ["other", "r"]
+    store.forget_agent("other", routes=["other"])
+    assert [u.route for u in store.unsure_notices()] == ["r"]
+
+
 def test_offsets_cursors_and_pauses(opener: Opener) -> None:
     store = opener()
     assert store.get_offset("a", "notifications") is None

@@ -145,6 +145,18 @@ async def test_a_notice_whose_answer_is_lost_shows_once(
         assert setup.shown(SECOND) == (1, 1)
         assert await service.aterminate() == 0
     assert "a notice may have been posted" in service.logs
+    # `taskcard status` shows the operator the notice that may be missing from the chat:
+    # which one, in which chat, since when, and what that means.
+    result = run_cli("status", "--config", str(setup.config), "--json")
+    routes = {route["route"]: route for route in json.loads(result.stdout)["routes"]}
+    (unsure,) = routes[f"telegram:{TG_CHAT}::builder"]["unsure_notices"]
+    assert unsure["id"] == f"task_card.error:tc_1:1:{FIRST}"
+    assert f"[{FIRST}]" in unsure["text"] and unsure["since"].endswith("Z")
+    assert routes[f"feishu:{FS_CHAT}::builder"]["unsure_notices"] == []
+    text = run_cli("status", "--config", str(setup.config)).stdout
+    block = text[text.index(f"telegram:{TG_CHAT}::builder") :]
+    assert "unsure notices: 1 (" in block and "may be in the chat or missing from it" in block
+    assert f"- task_card.error:tc_1:1:{FIRST} since {unsure['since']}: " in block, block
 
 
 async def test_a_notice_answered_after_the_timeout_shows_once(
