@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.harness import TOKEN_ENV, ServeProcess, eventually, notify, publish, run_cli
+from tests.e2e.test_cluster import instance
+from tests.e2e.test_serve_telegram import GROUP
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeLimits, FakeTelegram
 from tests.redis_server import free_port
@@ -280,3 +283,57 @@ async def test_a_kill_while_a_command_reply_awaits_its_answer_does_not_post_it_a
         assert answers("now show 2 activity rows") == 1
         assert await again.aterminate() == 0
     assert "a command reply the last run was sending may have been posted" in again.logs
+
+
+async def test_in_a_cluster_a_notice_whose_answer_is_lost_shows_once(
+    tmp_path: Path,
+    telegram: FakeTelegram,
+    redis_url: str,
+    prefix: str,
+    fleet: ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two `serve` on one bot through a real Redis: the agent's owner sends a notice whose
+    answer is lost, and then dies; the instance taking the agent over sends what the owner
+    left pending, never the notice that may be in the chat, and `taskcard status` of either
+    instance lists it as unsure."""
+    serves = {
+        name: fleet.enter_context(
+            instance(tmp_path, name, telegram, ["shared"], redis_url=redis_url, prefix=prefix)
+        )
+        for name in ("i0", "i1")
+    }
+    workdir = tmp_path / "agents" / "shared"
+    publish(workdir, "# Build\nworking")
+    await eventually(lambda: telegram.bot_messages(GROUP), timeout_s=60, what="the card")
+
+    def shown_(code: str) -> int:
+        return sum(f"[{code}]" in m.text for m in telegram.bot_messages(GROUP))
+
+    def notify_(code: str) -> None:
+        notify(workdir, f"task_card.error:tc_1:1:{code}", "error", code=code)
+
+    telegram.drop_after_accept("sendMessage")
+    notify_(FIRST)
+    await eventually(
+        lambda: any("a notice may have been posted" in s.logs for s in serves.values()),
+        timeout_s=60,
+        what="the lost answer given up",
+    )
+    assert shown_(FIRST) == 1
+    serving = "agent shared: this instance serves it now"
+    owner = next(n for n, s in serves.items() if serving in s.logs)
+    serves.pop(owner).kill()
+    (survivor,) = serves.values()
+    await eventually(
+        lambda: f"{serving}, taking over" in survivor.logs, timeout_s=60, what="the takeover"
+    )
+    notify_(SECOND)
+    await eventually(lambda: shown_(SECOND) == 1, timeout_s=60, what="the second notice")
+    assert shown_(FIRST) == 1
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)
+    result = run_cli("status", "--config", str(survivor.config), "--json")
+    assert result.returncode == 0, result.stderr
+    (route,) = [r for r in json.loads(result.stdout)["routes"] if r["agent"] == "shared"]
+    assert [u["id"] for u in route["unsure_notices"]] == [f"task_card.error:tc_1:1:{FIRST}"]
+    assert route["pending_notices"] == []
