@@ -272,6 +272,9 @@ class ClusterReplies:
         await self._drop_undropped()
         now_ms = int(time.time() * 1000)
         self._forgotten = set()
+        # Those sent whose removal is still to be written: the script may find them, and a
+        # removal written before its answer is read takes them out of `_undropped`.
+        unremoved = set(self._undropped)
         try:
             keys = [self._key, self._instances]
             args = [
@@ -300,7 +303,8 @@ class ClusterReplies:
         taken: dict[str, Any] = {}
         for raw_key, raw in zip(found[::2], found[1::2], strict=True):
             key = utf8(self._key, raw_key.decode(errors="backslashreplace"), raw_key)
-            if key is None or key in self._mine or key in forgotten or key in self._undropped:
+            sent = key in forgotten or key in unremoved or key in self._undropped
+            if key is None or key in self._mine or sent:
                 continue
             self._mine.add(key)
             try:

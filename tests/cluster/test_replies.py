@@ -158,3 +158,53 @@ async def test_a_take_hands_over_a_share_of_many_replies_and_the_rest_next(
     assert await replies.take(["telegram"]) == {}
     assert (await aio.hget(key, "reply:huge") or "").startswith("* "), "left, not taken"
     sync.close()
+
+
+async def test_a_removal_landing_while_a_take_awaits_its_answer_keeps_that_reply_sent(
+    aio: Redis, redis_url: str
+) -> None:
+    """The take's script can find a sent reply whose removal was still queued; if that removal
+    is written before the answer is read, the reply was no longer marked unremoved and was
+    handed back to be sent a second time (seen under load with 20 keeps and forgets queued)."""
+    prefix = f"t-{uuid.uuid4().hex}"
+    key = f"{prefix}:replies"
+    keep_go, kept, removal_go = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    replies: ClusterReplies
+
+    class _Interleaved(Redis):
+        """The writer's keep waits for the take's script, its removal for the script's answer."""
+
+        async def hset(self, *args: Any, **kwargs: Any) -> int:  # type: ignore[override]
+            await keep_go.wait()
+            written = cast(int, await super().hset(*args, **kwargs))
+            kept.set()
+            return written
+
+        async def hdel(self, name: str, *keys: str) -> int:  # type: ignore[override]
+            task = asyncio.current_task()
+            if task is not None and task.get_name() == "cluster_replies":
+                await removal_go.wait()
+            return cast(int, await super().hdel(name, *keys))
+
+        async def execute_command(self, *args: Any, **options: Any) -> Any:
+            if args[0] not in ("EVAL", "EVALSHA"):
+                return await super().execute_command(*args, **options)
+            keep_go.set()
+            await kept.wait()  # the keep is in Redis
+            answer = await super().execute_command(*args, **options)
+            removal_go.set()
+            await replies.flush()  # the removal is written before the answer is read
+            return answer
+
+    interleaved = _Interleaved.from_url(redis_url, decode_responses=True)
+    sync = _NotOnTheLoop.from_url(redis_url, decode_responses=True)
+    # A tiny lease: the instance is not listed, so its replies count as left after 30 ms.
+    replies = ClusterReplies(sync, interleaved, prefix, "i0#1", lease_ttl_s=0.01)
+    entry = {"channel": "telegram", "chat_id": "5", "thread_id": None, "text": "done"}
+    replies.keep("reply:1", entry)
+    replies.forget("reply:1")  # sent at once; both writes wait in the queue
+    await asyncio.sleep(0.1)
+    assert await replies.take(["telegram"]) == {}, "taken back, it would be sent twice"
+    assert not await aio.hexists(key, "reply:1")
+    await interleaved.aclose()
+    sync.close()
