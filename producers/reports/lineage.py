@@ -88,11 +88,13 @@ PROVIDER: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/ -]{0,63}")
 _Identity = tuple[int, int]
 # `spawn`'s fields as each way in names them (`tool_failure.worded`): its errors start with
 # the field and name the options as `taskcard spawn` spells them; the child's folder is
-# `--workdir` there and the MCP tool's `child_workdir` (the Python API says `workdir`, as
-# every agent-side API names the folder it is given).
+# `--workdir` there, the MCP tool's `child_workdir`, and `spawn()`'s first parameter, `child`
+# (a refusal names what the caller typed: "workdir:" sent a Python caller looking for a
+# parameter `spawn` does not have).
 _NAMES: Final = Names(
     options=frozenset(("workdir", "parent", "reason", "provider", PARENT_WORKDIR, "max_depth")),
     mcp={"workdir": "child_workdir"},
+    python={"workdir": "child"},
 )
 
 

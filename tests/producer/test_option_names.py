@@ -202,7 +202,7 @@ def test_mcp_keeps_the_fields_and_python_the_parameters(workdir: Path) -> None:
     assert answer["message"].startswith("kind: not a field of checkpoint STARTED"), answer
     with pytest.raises(LineageError, match=r"^max_depth: must be"):
         spawn(workdir, parent="p", reason="r", max_depth=0)
-    with pytest.raises(LineageError, match=r"^workdir: "):
+    with pytest.raises(LineageError, match=r"^child: "):
         spawn(workdir / "gone", parent="p", reason="r")
     answer = call_spawn(HostPaths(workdir, workdir), {"child_workdir": "gone", "reason": "r"})
     assert answer["message"].startswith("child_workdir: "), answer

@@ -456,7 +456,7 @@ async def test_spawn_refuses_a_child_folder_that_holds_the_parent_in_every_entry
     )  # fmt: skip
     assert done.returncode == 2 and b"an agent is not its own parent" in done.stderr
     for child_path in (top, parent / "inner" / ".." / "..", parent / "up"):
-        with pytest.raises(LineageError, match=r"^workdir: .* holds the parent's workdir"):
+        with pytest.raises(LineageError, match=r"^child: .* holds the parent's workdir"):
             spawn(child_path, parent="planner", reason="lint", parent_workdir=tmp_path / "me")
     assert not (top / "lineage.json").exists() and not (tmp_path / "lineage.json").exists()
     assert read_lineage(parent) is None
@@ -474,7 +474,7 @@ def test_spawn_never_rewrites_who_created_a_child(tmp_path: Path) -> None:
     spawn(child, parent="a", reason="first")
     spawn(child, parent="a", reason="retried")
     assert json.loads((child / "lineage.json").read_text())["parent"] == "a"
-    with pytest.raises(LineageError, match=r"^workdir: .* already recorded as a child of 'a'"):
+    with pytest.raises(LineageError, match=r"^child: .* already recorded as a child of 'a'"):
         spawn(child, parent="b", reason="second")
     done = taskcard("spawn", "--workdir", str(child), "--parent", "b", "--reason", "second")
     assert done.returncode == 2, done.stderr
@@ -561,7 +561,7 @@ def test_two_agents_spawning_each_other_at_once_record_no_loop(tmp_path: Path) -
         for thread in threads:
             thread.join(timeout=120)
         assert len(won) == 1 and len(refused) == 1, (round_, won, refused)
-        assert refused[0].startswith("workdir: "), refused
+        assert refused[0].startswith("child: "), refused
         assert sum((folder / "lineage.json").exists() for folder in (a, b)) == 1
 
 

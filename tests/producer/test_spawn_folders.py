@@ -121,10 +121,10 @@ async def test_a_spawn_that_would_close_a_loop_is_refused_at_any_depth(
     refused_by_cli(cli_spawn("alias", "c", "team/b/up/c", tmp_path), "close a loop")
     # The Python API, with the folder as given (not resolved by a command line).
     for child in (a, tmp_path / "alias", b / "up" / "a", c / ".." / "a"):
-        with pytest.raises(LineageError, match=r"^workdir: .* is an ancestor of the parent"):
+        with pytest.raises(LineageError, match=r"^child: .* is an ancestor of the parent"):
             spawn(child, parent="c", reason="loop", parent_workdir=c)
     monkeypatch.chdir(team)  # relative names start at the current folder
-    with pytest.raises(LineageError, match=r"^workdir: 'a' is an ancestor of the parent"):
+    with pytest.raises(LineageError, match=r"^child: 'a' is an ancestor of the parent"):
         spawn("a/", parent="c", reason="loop", parent_workdir="./c/")  # type: ignore[arg-type]
     assert read_lineage(a) is None
     assert [read_lineage(x)["parent"] for x in (b, c)] == ["a", "b"]  # type: ignore[index]
@@ -170,7 +170,7 @@ async def test_a_child_inside_the_parents_contract_folders_is_refused(
         "inside the parent's inbox/ folder",
     )
     for child in (parent / "taskcard" / "deep", tmp_path / "me" / "logs", parent / "sneak"):
-        with pytest.raises(LineageError, match=r"^workdir: .* inside the parent's \w+/ folder"):
+        with pytest.raises(LineageError, match=r"^child: .* inside the parent's \w+/ folder"):
             spawn(child, parent="planner", reason="r", parent_workdir=tmp_path / "me")
     for name in CONTRACT_DIRS:
         assert not list((parent / name).rglob("lineage.json")), name
@@ -212,7 +212,7 @@ def test_the_recorded_parent_folder_is_kept_on_a_retry(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(b"taskcard spawn: --parent-workdir: "), done.stderr
     assert b"give it again as --parent-workdir" in done.stderr
-    with pytest.raises(LineageError, match=r"^workdir: .* already recorded as the child of 'a' in"):
+    with pytest.raises(LineageError, match=r"^child: .* already recorded as the child of 'a' in"):
         spawn(child, parent="a", reason="moved", parent_workdir=b)
     assert json.loads((child / "lineage.json").read_text()) | {"created_at": None} == {
         "parent": "a",

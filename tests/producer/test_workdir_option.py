@@ -21,6 +21,7 @@ from taskcard.producers.inbox import claim_all, peek
 from taskcard.producers.ledger import Ledger, LedgerError
 from taskcard.producers.reports import LineageError, ReportError, Reports, read_lineage, spawn
 from taskcard.producers.task_card import TaskCard, WorkdirError
+from tests.conftest import mcp_session
 
 from .conftest import CliHost
 from .test_reports import TASKCARD
@@ -178,7 +179,7 @@ def _api_calls(
         "TaskCard": (card, WorkdirError, "workdir: "),
         "Reports.add": (lambda value: Reports(value).add(ok=True), ReportError, "workdir: "),
         "Reports.after": (lambda value: Reports(value).after(), ReportError, "workdir: "),
-        "spawn": (lambda value: spawn(value, parent="p0", reason="r"), LineageError, "workdir: "),
+        "spawn": (lambda value: spawn(value, parent="p0", reason="r"), LineageError, "child: "),
         "spawn parent": (
             lambda value: spawn(child, parent="p0", reason="r", parent_workdir=value),
             LineageError,
@@ -322,4 +323,29 @@ def test_a_hook_workdir_behind_a_dangling_link_names_the_link(tmp_path: Path) ->
         f" link that leads nowhere (to {gone}, which does not exist); pass the agent's working"
         " directory; nothing written\n"
     )
+    assert not gone.exists()
+
+
+async def test_a_spawn_refusal_names_the_childs_folder_as_each_way_in_calls_it(
+    home: Path, runtime_dir: Path
+) -> None:
+    """The child's folder is `--workdir` to `taskcard spawn`, `child_workdir` to the MCP
+    tool and `child` to `spawn()`. From Python the refusal said "workdir:", a parameter
+    `spawn` does not have; each way in now names the one its caller typed."""
+    gone = home / "gone"
+    done = _run(["spawn", "--parent", "p0", "--reason", "r"], str(gone), home)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"taskcard spawn: --workdir: '{gone}' is not a directory")
+    async with mcp_session(home / "agent", runtime_dir, (TASKCARD,)) as session:
+        result = await session.call_tool("spawn", {"child_workdir": str(gone), "reason": "r"})
+    assert isinstance(result.structured_content, dict), result
+    said = result.structured_content["message"]
+    assert said.startswith(f"child_workdir: '{gone}' is not a directory"), said
+    for given in (gone, ""):
+        with pytest.raises(LineageError) as raised:
+            spawn(given, parent="p0", reason="r")  # type: ignore[arg-type]
+        assert str(raised.value).startswith("child: "), raised.value
+    with pytest.raises(LineageError) as raised:
+        spawn(child=gone, parent="p0", reason="r")  # the name the refusal gives works
+    assert str(raised.value).startswith(f"child: '{gone}' is not a directory"), raised.value
     assert not gone.exists()
