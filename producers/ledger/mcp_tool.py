@@ -30,6 +30,7 @@ from taskcard.producers.ledger.store import (
     Ledger,
     LedgerError,
     cannot_write,
+    not_taken,
     worded,
 )
 from taskcard.producers.task_card.contract import quoted
@@ -328,10 +329,15 @@ def stray_field(command: str, arguments: dict[str, Any]) -> str | None:
     stray = sorted(name for name in given if name != "command" and name not in takes)
     if not stray:
         return None
-    what = command
-    if command == "checkpoint" and isinstance(arguments.get("event_type"), str):
-        what = f"checkpoint {arguments['event_type']}"
-    return f"{stray[0]}: not a field of {what}; remove it ({what} takes: {', '.join(takes)})"
+    if command == "checkpoint":
+        # A field of another event type, refused as the store and the command line refuse
+        # it; without a known event type, the store refuses that first (what the checkpoint
+        # takes depends on it).
+        event_type = arguments.get("event_type")
+        return (
+            worded(not_taken(event_type, stray) or "", "mcp") if event_type in EVENT_TYPES else None
+        )
+    return f"{stray[0]}: not a field of {command}; remove it ({command} takes: {', '.join(takes)})"
 
 
 def _failed(message: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Final, TypeVar, cast
@@ -212,6 +212,60 @@ EVENT_FIELDS: Final[dict[str, tuple[str, ...]]] = {
     "EXTERNAL_OBSERVED": ("job_id", "status", "provider", "evidence", "max_wait_sec"),
     "DOWNLOAD_OBSERVED": ("name", "observed_bytes", "expected_bytes", "complete", "corrupt"),
 }
+
+
+def not_taken(event_type: str, given: Iterable[str]) -> str | None:
+    """The refusal of the first of `given` (fields besides `step`, `note` and `new_step`)
+    that a checkpoint of `event_type` does not take, else None: one wording for the store and
+    the MCP tool (an option of another event type was "not taken by a STARTED checkpoint" from
+    one and "not a field of checkpoint STARTED" from the other). The options as the command
+    line spells them; `worded` says them as each way in names them."""
+    takes = EVENT_FIELDS.get(event_type, ())
+    stray = sorted(name for name in given if name not in takes)
+    if not stray:
+        return None
+    common = [
+        name
+        for name in ("step", "note")
+        if not (name == "note" and event_type in _NOTELESS)
+        and not (name == "step" and event_type in _STEPLESS)
+    ]
+    options = ", ".join(_NAMES.option(name) for name in [*common, *takes])
+    article = "an" if event_type[:1] in "AEIOU" else "a"
+    return f"{stray[0]}: not taken by {article} {event_type} checkpoint; remove it" + (
+        f" (it takes {options})" if options else ""
+    )
+
+
+def _number(value: float) -> str:
+    """A number as a person typed it: `1000000000000` for 1e12 given as a float."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return str(value)
+
+
+def limit_refused(name: str, value: float, fix: str) -> str:
+    """The refusal of a limit of init (`Limits`) or `max_wait_sec` out of its range, in the
+    ledger's words: the field, what it must be, the value given and `fix`. pydantic's own
+    ("Input should be less than or equal to 315360000") followed the option and said neither
+    the unit, the other bound nor what to do. The range is read from `Limits` itself;
+    `max_wait_sec` keeps the range of `external_max_wait_sec`, the task's default for it."""
+    rule = Limits.model_fields["external_max_wait_sec" if name == "max_wait_sec" else name]
+    bounds = {
+        kind: getattr(bound, kind)
+        for bound in rule.metadata
+        for kind in ("gt", "ge", "le")
+        if getattr(bound, kind, None) is not None
+    }
+    high = bounds["le"]
+    years = " (ten years)" if high == MAX_SECONDS else ""
+    if rule.annotation is int:
+        what = f"a whole number from {bounds.get('ge', 0)} to {high}"
+    elif "gt" in bounds:
+        what = f"a number of seconds above {_number(bounds['gt'])}, at most {_number(high)}{years}"
+    else:
+        what = f"a number of seconds from {_number(bounds.get('ge', 0))} to {_number(high)}{years}"
+    return f"{name}: must be {what}, not {_number(value)}; {fix}"
 
 
 def _type_name(value: object) -> str:
@@ -583,11 +637,27 @@ class Ledger:
         if len(set(steps or [])) != len(steps or []):
             raise LedgerError("steps: a step id appears twice; give each step its own id")
         try:
+            checked = Limits.model_validate(limits)
+        except ValidationError as exc:
+            name = str(exc.errors()[0]["loc"][0])
+            if name not in Limits.model_fields:  # a field init does not take
+                raise LedgerError(
+                    f"{_first_error(exc)}; see `taskcard ledger init --help`"
+                ) from None
+            default = Limits.model_fields[name].default
+            raise LedgerError(
+                limit_refused(
+                    name,
+                    limits[name],
+                    f"give one in that range, or leave it out for the default, {_number(default)}",
+                )
+            ) from None
+        try:
             info = TaskInfo(
                 task_id=task_id,
                 purpose=purpose,
                 created_at=self._clock(),
-                limits=Limits.model_validate(limits),
+                limits=checked,
                 planned=bool(steps),
             )
         except ValidationError as exc:
@@ -725,21 +795,9 @@ class Ledger:
                 else f"{quoted(event_type)} is not an event type"
             )
             raise LedgerError(f"event_type: {what}; use one of " + ", ".join(EVENT_TYPES))
-        takes = EVENT_FIELDS.get(event_type, ())
-        common = [
-            name
-            for name in ("step", "note")
-            if not (name == "note" and event_type in _NOTELESS)
-            and not (name == "step" and event_type in _STEPLESS)
-        ]
-        stray = sorted(name for name in fields if name not in takes)
-        if stray:
-            # The options as the command line spells them; `worded` says them as the fields.
-            options = ", ".join(_NAMES.option(name) for name in [*common, *takes])
-            raise LedgerError(
-                f"{stray[0]}: not taken by a {event_type} checkpoint; remove it"
-                + (f" (it takes {options})" if takes else "")
-            )
+        refused = not_taken(event_type, fields)
+        if refused is not None:
+            raise LedgerError(refused)
         _check_types(note=note, artifacts=artifacts, new_step=new_step)
         if (step is not None or new_step) and event_type in _STEPLESS:
             # Their methods record no step: a step given here was dropped unsaid.
@@ -887,7 +945,12 @@ class Ledger:
                 )
         if max_wait_sec is not None and not 0 < max_wait_sec <= MAX_SECONDS:
             raise LedgerError(
-                f"max_wait_sec: must be a number of seconds above 0, at most {MAX_SECONDS:.0f}"
+                limit_refused(
+                    "max_wait_sec",
+                    max_wait_sec,
+                    "give the seconds the job may take, or leave it out for the task's limit"
+                    " (--external-max-wait-sec, set at init)",
+                )
             )
 
         def apply(record: TaskRecord, now: datetime) -> bool:

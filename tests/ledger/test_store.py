@@ -210,7 +210,11 @@ def test_the_python_apis_errors_name_its_parameters_not_the_command_lines_option
     line's its options, from the one wording)."""
     ledger.init("t", "p", steps=["a"])
     refused: list[tuple[Callable[[], object], str]] = [
-        (lambda: ledger.init("u", "p", timeout_sec=0), "; see help(Ledger.init)"),
+        (
+            lambda: ledger.init("u", "p", timeout_sec=0),
+            "timeout_sec: must be a number of seconds above 0, at most 315360000 (ten years),"
+            " not 0; give one in that range, or leave it out for the default, 7200",
+        ),
         (
             lambda: ledger.init("u", "p", max_nudges=2.5),
             "max_nudges: must be a whole number, not 2.5",
