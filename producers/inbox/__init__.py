@@ -16,7 +16,25 @@ its type and the codes of its failures),
 `channels`.
 """
 
-from taskcard.producers.inbox.claim import Claim, InboxUnsafe, claim_all, claiming, peek
+from taskcard.producers.inbox.claim import (
+    Claim,
+    InboxReadFailed,
+    InboxUnsafe,
+    InboxWriteFailed,
+    claim_all,
+    claiming,
+    peek,
+)
 from taskcard.producers.inbox.contract import Message, frame
 
-__all__ = ["Claim", "InboxUnsafe", "Message", "claim_all", "claiming", "frame", "peek"]
+__all__ = [
+    "Claim",
+    "InboxReadFailed",
+    "InboxUnsafe",
+    "InboxWriteFailed",
+    "Message",
+    "claim_all",
+    "claiming",
+    "frame",
+    "peek",
+]

@@ -52,6 +52,7 @@ from taskcard.producers.inbox.holders import judge, record_bytes
 from taskcard.producers.task_card.contract import (
     LOOP_OF_LINKS,
     cannot_read,
+    cannot_write,
     line_break_first,
     link_loop,
     open_appending,
@@ -89,6 +90,19 @@ class InboxReadFailed(OSError):
         return str(self.strerror)
 
 
+class InboxWriteFailed(OSError):
+    """The system refused to create a folder of the inbox a claim needs (`taken/`, `claims/`:
+    no room, a read-only disk, no write access): the text names the folder, why and the fix
+    (`contract.cannot_write`). It said "cannot read the inbox: [Errno 28] No space left on
+    device: 'taken'"."""
+
+    def __init__(self, shown: str, exc: OSError) -> None:
+        super().__init__(exc.errno, cannot_write(shown, exc))
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 @dataclass
 class Batch:
     """What one read of the inbox found: messages (claimed or peeked) and bad files."""
@@ -111,8 +125,12 @@ def _open_dir(
         except FileNotFoundError:
             if not create or attempt == 2:
                 return None
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.mkdir(name, 0o700, dir_fd=parent_fd)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise InboxWriteFailed(shown, exc) from None
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise InboxUnsafe(
@@ -137,7 +155,9 @@ def _open_workdir(folder: Path) -> int:
         ) from None
     except OSError as exc:
         if exc.errno != errno.ELOOP:
-            raise
+            # The system failed or refused the read (an I/O error, no access): the workdir,
+            # the errno and the fix, as for a folder of the inbox.
+            raise InboxReadFailed(shown_path(folder), exc) from None
         loop = link_loop(folder) or LOOP_OF_LINKS
         raise WorkdirError(
             f"workdir: {shown_path(folder)} {loop}; fix the links, or give the folder itself"
@@ -289,7 +309,10 @@ def _claims(inbox_fd: int, *, create: bool, group: int | None) -> Iterator[int |
         yield None
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            raise InboxReadFailed(f"{INBOX_DIR}/{CLAIMS_DIR}/", exc) from None
         yield fd
     finally:
         os.close(fd)  # releases the lock
@@ -356,7 +379,11 @@ def _recover(inbox_fd: int, queued_fd: int, taken_fd: int, claims_fd: int) -> li
     acknowledged), once: its record goes with it. Run with `claims/` locked."""
     problems: list[str] = []
     acked: set[str] | bool | None = False  # read once, when first needed
-    names = sorted(n for n in os.listdir(claims_fd) if n.endswith(".json"))[:MAX_FILES]
+    try:
+        listed = os.listdir(claims_fd)
+    except OSError as exc:
+        raise InboxReadFailed(f"{INBOX_DIR}/{CLAIMS_DIR}/", exc) from None
+    names = sorted(n for n in listed if n.endswith(".json"))[:MAX_FILES]
     for name in names:
         ident = name[: -len(".json")]
         if not MESSAGE_ID.fullmatch(ident):

@@ -23,10 +23,11 @@ from taskcard.producers.inbox.claim import (
     Claim,
     InboxReadFailed,
     InboxUnsafe,
+    InboxWriteFailed,
     claiming,
     peek,
 )
-from taskcard.producers.inbox.contract import frame
+from taskcard.producers.inbox.contract import INBOX_DIR, frame
 from taskcard.producers.inbox.output import PATIENCE_S, Output
 from taskcard.producers.task_card.contract import counted, terminal_json
 from taskcard.producers.task_card.workdir_arg import WorkdirError, existing_workdir_arg
@@ -57,11 +58,11 @@ def run(args: argparse.Namespace) -> int:
     except (InboxUnsafe, WorkdirError) as exc:  # a folder to fix, a workdir in a loop or gone
         print(f"taskcard inbox: {exc}", file=sys.stderr)
         return 2
-    except InboxReadFailed as exc:  # names the folder, the errno and the fix
+    except (InboxReadFailed, InboxWriteFailed) as exc:  # the folder, the cause and the fix
         print(f"taskcard inbox: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        print(f"taskcard inbox: cannot read the inbox: {exc}", file=sys.stderr)
+    except OSError as exc:  # none known: said as a failed read of the inbox, as the others
+        print(f"taskcard inbox: {InboxReadFailed(f'{INBOX_DIR}/', exc)}", file=sys.stderr)
         return 1
     for problem in claim.problems:
         print(f"taskcard inbox: warning: {problem}", file=sys.stderr)
@@ -114,12 +115,29 @@ def _show_peek(args: argparse.Namespace, batch: Batch) -> int:
         print(f"taskcard inbox: warning: {problem}", file=sys.stderr)
     if args.json:
         result = {"claimed": False, "messages": [m.summary() for m in batch.messages]}
-        print(terminal_json(result, indent=2))
+        text = terminal_json(result, indent=2)
     elif batch.messages:
-        print("\n\n".join(frame(message) for message in batch.messages))
+        text = "\n\n".join(frame(message) for message in batch.messages)
     else:
         print("taskcard inbox: nothing queued", file=sys.stderr)
-    return 0
+        return 0
+    # Written as a delivery is (`Output`), so a failed write is said as one: a full disk or
+    # a closed pipe under `--peek` was "cannot read the inbox", naming no file.
+    out = _output()
+    if out.deliver((text + "\n").encode(), confirm=False):
+        return 0
+    _silence(out)
+    print(f"taskcard inbox: {out.gone}; --peek claims nothing: all stay queued", file=sys.stderr)
+    return EXIT_BROKEN_OUTPUT
+
+
+def _silence(out: Output) -> None:
+    """No more output can reach anyone: the interpreter's last flush at exit must not fail on
+    it again (a traceback), so stdout now leads to the null device."""
+    if out.fd >= 0:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, out.fd)
+        os.close(null)
 
 
 def _deliver(args: argparse.Namespace, claim: Claim, stop: _Stop) -> int:
@@ -155,12 +173,7 @@ def _deliver(args: argparse.Namespace, claim: Claim, stop: _Stop) -> int:
                 file=sys.stderr,
             )
         return 0
-    # No more output can reach anyone: the interpreter's last flush at exit must not fail on
-    # it again (a traceback), so stdout now leads to the null device.
-    if out.fd >= 0:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, out.fd)
-        os.close(null)
+    _silence(out)
     back = len(claim.unsettled())
     print(
         f"taskcard inbox: {out.gone} after {len(messages) - back} of"

@@ -16,17 +16,20 @@ from typing import Any, Final
 from taskcard.producers.inbox.claim import (
     InboxReadFailed,
     InboxUnsafe,
+    InboxWriteFailed,
     acknowledge,
     claim,
     peek,
     release,
 )
+from taskcard.producers.inbox.contract import INBOX_DIR
 from taskcard.producers.task_card.runtime import HostPaths
 from taskcard.producers.task_card.tool_failure import (
     BAD_ARGUMENTS,
     READ_FAILED,
     UNUSABLE_FILE,
     WORKDIR_GONE,
+    WRITE_FAILED,
     failed,
 )
 from taskcard.producers.task_card.workdir_arg import WorkdirError
@@ -88,10 +91,12 @@ def call_inbox(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
         return failed(UNUSABLE_FILE, str(exc))
     except InboxReadFailed as exc:  # the system failed a read: the folder, errno and fix
         return failed(READ_FAILED, str(exc))
+    except InboxWriteFailed as exc:  # a folder a claim needs could not be created
+        return failed(WRITE_FAILED, str(exc))
     except WorkdirError as exc:  # the workdir inside a loop of links since the server began
         return failed(WORKDIR_GONE, str(exc))
-    except OSError as exc:
-        return failed(READ_FAILED, f"cannot read the inbox: {exc.strerror}")
+    except OSError as exc:  # none known: said as a failed read of the inbox, as the others
+        return failed(READ_FAILED, str(InboxReadFailed(f"{INBOX_DIR}/", exc)))
     result: dict[str, Any] = {
         "status": "ok",
         "messages": [message.summary() for message in batch.messages],
