@@ -27,6 +27,7 @@ from taskcard.producers.reports.lineage import (
 from taskcard.producers.reports.store import (
     MAX_PAYLOAD_BYTES,
     MAX_SUMMARY_CHARS,
+    NAMES,
     VERDICTS,
     ReportError,
     Reports,
@@ -50,7 +51,7 @@ from taskcard.producers.task_card.stdin_json import (
     drain_stdin,
     read_stdin_object,
 )
-from taskcard.producers.task_card.tool_failure import READ_FAILED
+from taskcard.producers.task_card.tool_failure import READ_FAILED, worded
 from taskcard.producers.task_card.workdir_arg import (
     dangling_link,
     existing_workdir_arg,
@@ -66,6 +67,10 @@ def _print(data: Any) -> None:
 
 
 def _fail(command: str, message: str, code: int = 2) -> int:
+    """Say a refusal on stderr and return its exit code. `report` and `reports` name the
+    field at fault as its option (`worded`); `spawn` words its own (`lineage.spawn`)."""
+    if command != "spawn":
+        message = worded(message, "cli", NAMES)
     print(f"taskcard {command}: {message}", file=sys.stderr)
     return code
 

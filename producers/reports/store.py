@@ -58,7 +58,7 @@ from taskcard.producers.task_card.contract import (
     shows_text,
     utc_now_iso,
 )
-from taskcard.producers.task_card.tool_failure import READ_FAILED, UNUSABLE_FILE, Coded
+from taskcard.producers.task_card.tool_failure import READ_FAILED, UNUSABLE_FILE, Coded, Names
 from taskcard.producers.task_card.workdir_arg import WorkdirError, given_path, not_a_directory
 
 REPORTS_DIR: Final = "reports"
@@ -83,6 +83,14 @@ PAYLOAD_NAME: Final = re.compile(rf"{PAYLOADS_DIR}/[0-9]{{1,18}}\.txt")
 SKIPPED_SHOWN: Final = 5
 
 Clock = Callable[[], str]
+
+
+# The fields of `report` and `reports` as each way in names them (`tool_failure.worded`):
+# their errors start with the field, which is the MCP tools' field and the Python API's
+# parameter; the command line says it as its option (`--role: ...`, where it said `role:`).
+NAMES: Final = Names(
+    options=frozenset(("ok", "verdict", "role", "summary", "payload", "after", "workdir"))
+)
 
 
 class ReportError(Coded):

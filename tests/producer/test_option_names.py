@@ -17,7 +17,9 @@ from taskcard.producers.ledger.mcp_tool import call_ledger
 from taskcard.producers.ledger.store import Ledger, LedgerError
 from taskcard.producers.reports.lineage import LineageError, spawn
 from taskcard.producers.reports.mcp_tool import call_spawn
+from taskcard.producers.reports.store import ReportError, Reports
 from taskcard.producers.task_card.runtime import HostPaths
+from tests.conftest import mcp_session
 
 LONG = "x" * 501  # over every text's 500 characters
 CHECKPOINT = ("checkpoint", "t", "--event-type")
@@ -211,3 +213,31 @@ def test_mcp_keeps_the_fields_and_python_the_parameters(workdir: Path) -> None:
         spawn(workdir / "gone", parent="p", reason="r")
     answer = call_spawn(HostPaths(workdir, workdir), {"child_workdir": "gone", "reason": "r"})
     assert answer["message"].startswith("child_workdir: "), answer
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--role", "!!"], "role"),
+        (["--summary", " "], "summary"),
+        (["--summary", "x" * 2001], "summary"),
+    ],
+)
+async def test_a_report_refusal_names_the_option_on_the_command_line_only(
+    workdir: Path, runtime_dir: Path, args: list[str], field: str
+) -> None:
+    """`taskcard report --role '!!'` said "role: 1-64 letters ...": the rule is the option as
+    typed on the command line, as `ledger` and `spawn` say theirs. The MCP tool and the
+    Python API keep the field, which is their argument's and parameter's name."""
+    done = run("report", "--workdir", str(workdir), "--ok", *args)
+    refused_naming(done, f"--{field}")
+    words = done.stderr.strip().removeprefix(f"taskcard report: --{field}: ")
+    async with mcp_session(workdir, runtime_dir) as session:
+        result = await session.call_tool("report", {"ok": True, field: args[1]})
+    assert isinstance(result.structured_content, dict), result
+    assert result.structured_content["code"] == "bad_envelope", result.structured_content
+    assert result.structured_content["message"] == f"{field}: {words}"
+    with pytest.raises(ReportError) as raised:
+        Reports(workdir).add(ok=True, **{field: args[1]})
+    assert str(raised.value) == f"{field}: {words}"
+    assert not (workdir / "reports" / "reports.jsonl").exists()

@@ -127,11 +127,11 @@ def test_a_payload_goes_to_a_side_file_and_is_bounded(workdir: Path, tmp_path: P
 @pytest.mark.parametrize(
     ("args", "field"),
     [
-        (["--ok", "--role", "a\nb"], b"role:"),
-        (["--ok", "--summary", " "], b"summary:"),
+        (["--ok", "--role", "a\nb"], b"--role:"),
+        (["--ok", "--summary", " "], b"--summary:"),
         # Zero-width space, word joiner, byte-order mark, Hangul filler: nothing shows.
-        (["--ok", "--summary", "\u200b\u2060\ufeff\u3164"], b"summary:"),
-        (["--ok", "--summary", "\u0301\u0301 \u202e"], b"summary:"),
+        (["--ok", "--summary", "\u200b\u2060\ufeff\u3164"], b"--summary:"),
+        (["--ok", "--summary", "\u0301\u0301 \u202e"], b"--summary:"),
         (["--ok", "--verdict", "maybe"], b"--verdict"),
         ([], b"--ok"),
     ],
@@ -225,8 +225,8 @@ async def test_report_spawn_and_inbox_through_the_real_mcp_client(
 @pytest.mark.parametrize(
     ("args", "field"),
     [
-        ([b"--summary", b"suite \xff green"], b"summary:"),
-        ([b"--role", b"review\xffer"], b"role:"),
+        ([b"--summary", b"suite \xff green"], b"--summary:"),
+        ([b"--role", b"review\xffer"], b"--role:"),
     ],
 )
 def test_undecodable_command_line_text_exits_2_naming_the_field(
@@ -657,7 +657,7 @@ def test_a_role_in_any_script_is_taken_as_the_error_says_letters(workdir: Path) 
     for bad in ("rev\u202eiewer", "_x", "\u0303x", "a\u200bb", "x" * 65):
         done = taskcard("report", "--workdir", str(workdir), "--ok", "--role", bad)
         assert done.returncode == 2
-        assert done.stderr.startswith(b"taskcard report: role: 1-64 letters"), done.stderr
+        assert done.stderr.startswith(b"taskcard report: --role: 1-64 letters"), done.stderr
 
 
 def test_a_retried_spawn_keeps_the_time_the_child_was_created(tmp_path: Path) -> None:
