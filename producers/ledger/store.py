@@ -541,7 +541,7 @@ class Ledger:
         """The document under the exclusive lock; written back atomically if it changed."""
         # A name that can be no ledger (a folder, say) is refused before the lock beside it
         # and the folders above it are made: the refusal left a `.lock` file next to it. A
-        # file where a folder on its way belongs is said by `_make_folder`, as before.
+        # file where a folder on its way belongs is said by `_make_folder`.
         with contextlib.suppress(NotADirectoryError):
             handle = self._open()
             if handle is not None:
@@ -579,10 +579,23 @@ class Ledger:
         return self._clock()
 
     def _make_folder(self) -> None:
-        if self._inside is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        else:
-            make_folder(self.path.parent, inside=self._inside)
+        """The ledger's folder, made if missing. A name no ledger can have (a file where a
+        folder on its way belongs, a link that leads nowhere) is refused in the words of
+        `--ledger` and of a read (`file_path_problem`, `unusable_file`): a write said the
+        system's "File exists" (`write_failed` over MCP, a bare `FileExistsError` from
+        Python) where the command line and a read name the file in the way."""
+        try:
+            if self._inside is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            else:
+                make_folder(self.path.parent, inside=self._inside)
+        except OutsideWorkdir:
+            raise
+        except OSError:
+            problem = file_path_problem(self.path)
+            if problem is None:
+                raise
+            raise LedgerError(f"ledger {self.shown} {problem}", code=UNUSABLE_FILE) from None
 
     def _outside(self) -> LedgerError:
         return LedgerError(

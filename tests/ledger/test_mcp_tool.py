@@ -244,7 +244,8 @@ async def test_a_ledger_folder_that_cannot_be_made_is_a_failed_result_not_a_lost
     """A file where `ledger/` belongs made every writing command raise `FileExistsError`
     out of the tool: the SDK answered a protocol error (a traceback on the server's stderr),
     where every other tool answers a failed result naming the path. Now the ledger tool does
-    too, the file in the way is left alone, and the session goes on."""
+    too, in the words of a read and of `--ledger` (it said "cannot write ... (File exists)"),
+    the file in the way is left alone, and the session goes on."""
     in_the_way = workdir / "ledger"
     in_the_way.write_text("notes of the agent\n")
     writes: list[dict[str, object]] = [
@@ -260,8 +261,11 @@ async def test_a_ledger_folder_that_cannot_be_made_is_a_failed_result_not_a_lost
             assert result.is_error and isinstance(content, dict), arguments
             assert content["status"] == "failed", content
             message = content["message"]
-            assert message.startswith(f"cannot write {in_the_way} (File exists)"), message
-            assert "move what is in the way aside" in message, message
+            assert content["code"] == "unusable_file", content
+            assert message == (
+                f"ledger {in_the_way}/long-task-ledger.json goes through a file as if it were a"
+                f" folder ({in_the_way} is a file); give a path in a folder"
+            ), message
         assert in_the_way.read_text() == "notes of the agent\n"
         reported = await session.call_tool("report", {"ok": True})
         assert not reported.is_error, reported.structured_content

@@ -143,3 +143,34 @@ async def test_a_limit_out_of_range_is_said_in_the_ledgers_words(
     assert python(workdir, "external_job", "t", job_id="j", status="running", max_wait_sec=0) == (
         f"max_wait_sec: {rule} (external_max_wait_sec=, set at init)"
     )
+
+
+async def test_a_file_where_the_ledger_folder_belongs_is_said_alike_by_every_write(
+    workdir: Path, runtime_dir: Path
+) -> None:
+    """A file at `ledger/`: the command line refused it naming the file in the way (exit 2),
+    while a write over MCP said "cannot write .../ledger (File exists)" (`write_failed`) and
+    `Ledger.init` raised a bare `FileExistsError`. Now all three say what a read says,
+    `unusable_file`, and the file is left alone."""
+    in_the_way = workdir / "ledger"
+    in_the_way.write_text("notes\n")
+    said = (
+        f"{in_the_way}/long-task-ledger.json goes through a file as if it were a folder"
+        f" ({in_the_way} is a file); give a path in a folder"
+    )
+    assert cli(workdir, "init", "t", "--purpose", "p") == (
+        f"--ledger: ledger/long-task-ledger.json {said.split(' ', 1)[1]}"
+    )
+    async with mcp_session(workdir, runtime_dir) as session:
+        result = await session.call_tool(
+            "ledger", {"command": "init", "task_id": "t", "purpose": "p"}
+        )
+    assert result.structured_content == {
+        "status": "failed",
+        "code": "unusable_file",
+        "message": f"ledger {said}",
+    }
+    with pytest.raises(LedgerError) as raised:
+        Ledger(workdir / LEDGER).init("t", "p")
+    assert (str(raised.value), raised.value.code) == (f"ledger {said}", "unusable_file")
+    assert in_the_way.read_text() == "notes\n"

@@ -62,7 +62,7 @@ async def test_each_tools_failures_carry_the_shared_code_of_their_kind(
         (workdir / "ledger").write_text("not a folder", encoding="utf-8")
         init = {"command": "init", "task_id": "t", "purpose": "p"}
         code, message = await call(session, "ledger", init)
-        assert code == "write_failed" and "cannot write" in message, message
+        assert code == "unusable_file" and "goes through a file" in message, message
         (workdir / "ledger").unlink()
 
         # report and reports: an argument, a file where reports/ belongs, a folder where
