@@ -51,6 +51,7 @@ from taskcard.producers.inbox.contract import (
 from taskcard.producers.inbox.holders import judge, record_bytes
 from taskcard.producers.task_card.contract import (
     LOOP_OF_LINKS,
+    append_whole,
     cannot_read,
     cannot_write,
     line_break_first,
@@ -295,7 +296,7 @@ def _ack(inbox_fd: int, ident: str, via: str, clock: Clock) -> None:
     flags = os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = open_appending(ACKS_FILE, flags, dir_fd=inbox_fd)
     try:
-        os.write(fd, line_break_first(fd) + line)
+        append_whole(fd, line_break_first(fd) + line)
     finally:
         os.close(fd)
 

@@ -41,6 +41,7 @@ from taskcard.producers.reports.contract import (
 from taskcard.producers.task_card.contract import (
     NotRegularFile,
     OutsideWorkdir,
+    append_whole,
     atomic_write,
     cannot_read,
     cannot_write,
@@ -310,7 +311,7 @@ class Reports:
             line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
             fd = self._open_for_append()
             try:
-                os.write(fd, line_break_first(fd) + line.encode())
+                append_whole(fd, line_break_first(fd) + line.encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)

@@ -475,9 +475,7 @@ def atomic_write(
                 # the rename replaces an existing file (about a third of the write's CPU).
                 with contextlib.suppress(OSError):
                     os.posix_fallocate(fd, 0, len(data))
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             if durable:
                 os.fsync(fd)
             written = os.fstat(fd)
@@ -895,6 +893,33 @@ def open_appending(path: str | os.PathLike[str], flags: int, *, dir_fd: int | No
         return os.open(path, os.O_WRONLY | flags, 0o644, dir_fd=dir_fd)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd`, or raise. One `write` may take only a part: on a full
+    disk, or past the process's file size limit, the kernel writes what fits and refuses
+    only the next write, so a caller that wrote once and went on reported a torn record as
+    written."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def append_whole(fd: int, data: bytes) -> None:
+    """Append `data` to the regular file behind `fd` (open with `O_APPEND`) whole, or not
+    at all: when the system refuses the rest of it (a full disk, a file size limit), the
+    part that went in is cut off again, so no reader sees a torn line, and the error is
+    raised, for the caller to say that nothing was recorded. The cut is made only while that
+    part is still the end of the file (another writer's line appended after it stays)."""
+    before = os.fstat(fd).st_size
+    try:
+        write_all(fd, data)
+    except OSError:
+        with contextlib.suppress(OSError):
+            after = os.fstat(fd).st_size
+            if before < after < before + len(data):
+                os.ftruncate(fd, before)
+        raise
+
+
 def line_break_first(fd: int) -> bytes:
     """`b"\\n"` when the regular file behind `fd` (open for reading and appending) ends inside
     a line, else `b""`: a line appended there would be glued onto the torn one (a writer
@@ -1053,7 +1078,7 @@ def append_jsonl_line(path: Path, record: dict[str, Any], *, inside: Path | None
                 f"{file_kind(mode)}, not a regular file; replace it with a file",
                 str(path),
             )
-        os.write(fd, line_break_first(fd) + line)
+        append_whole(fd, line_break_first(fd) + line)
     finally:
         os.close(fd)
 
