@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from taskcard.producers.agent_hooks import runner
+from taskcard.producers.agent_hooks.inbox_hook import Handover
 from taskcard.producers.agent_hooks.install import (
     InitError,
     Version,
@@ -52,13 +53,17 @@ def _command(args: argparse.Namespace) -> str:
 
 def run_hook(args: argparse.Namespace) -> int:
     """Always exit 0: a hook must not break its agent (errors go to the workdir's log)."""
+    handover = Handover()  # the chat's messages, delivered only once the output is written
     if args.host == "claude-code":
         try:
             raw = _read_stdin(runner.MAX_PAYLOAD_BYTES)
         except OSError:
             raw = b""
         text = runner.run_guarded(
-            args.workdir, raw, lambda: runner.claude_code(raw, args.workdir), _command(args)
+            args.workdir,
+            raw,
+            lambda: runner.claude_code(raw, args.workdir, handover=handover),
+            _command(args),
         )
     else:
         # The notify program gets its JSON as an argument; a lifecycle hook, on stdin.
@@ -70,7 +75,7 @@ def run_hook(args: argparse.Namespace) -> int:
                 argument = b""
 
         def handle() -> str:
-            return runner.codex(argument, args.workdir, only_in=args.only_in)
+            return runner.codex(argument, args.workdir, only_in=args.only_in, handover=handover)
 
         hint = args.workdir if args.workdir is not None else args.only_in
         text = runner.run_guarded(hint, argument, handle, _command(args))
@@ -78,12 +83,16 @@ def run_hook(args: argparse.Namespace) -> int:
     # locale's encoding (ASCII, Latin-1), a chat text in Chinese raised after the message was
     # claimed, so the chat read "delivered" and the agent never got it.
     # Started with stdout closed (`>&-`), Python has no `sys.stdout`: nothing can be said,
-    # and the hook still exits 0 (it died with a traceback and exit 1).
+    # and the hook still exits 0 (it died with a traceback and exit 1). Whatever it claimed
+    # from the inbox then goes back to the queue, as when the write fails.
+    written = False
     with contextlib.suppress(OSError):
-        if text and sys.stdout is not None:
-            sys.stdout.buffer.write(text.encode("utf-8", errors="replace") + b"\n")
         if sys.stdout is not None:
+            if text:
+                sys.stdout.buffer.write(text.encode("utf-8", errors="replace") + b"\n")
             sys.stdout.buffer.flush()
+            written = True
+    handover.settle(written)
     return 0
 
 

@@ -38,7 +38,8 @@ from taskcard.producers.agent_hooks.claude_code import (
     ends_turn_without_stop,
     hook_output,
 )
-from taskcard.producers.inbox import InboxUnsafe, Message, claim_all, frame
+from taskcard.producers.inbox import InboxUnsafe, Message, frame
+from taskcard.producers.inbox.claim import acknowledge, claim, release
 from taskcard.producers.task_card.contract import (
     CardPaths,
     Origin,
@@ -135,9 +136,29 @@ def take(
     session: str,
     log: Callable[[str], None],
     host: str = "claude-code",
+    handover: Handover | None = None,
 ) -> Delivery:
     """Claim what this hook delivers, and settle the session's blocked stop; never raises.
-    `host` names the agent host in the claim (`claude-code`, `codex`)."""
+    `host` names the agent host in the claim (`claude-code`, `codex`). The messages claimed
+    are held in `handover`, to be acknowledged once the output is written (without one,
+    acknowledged at once)."""
+    delivery = _take(paths, name, payload, session, log, host)
+    if delivery.messages:
+        held = handover if handover is not None else Handover()
+        held.hold(paths, f"{host}:{name}", session, delivery.messages, log)
+        if handover is None:
+            held.settle(written=True)
+    return delivery
+
+
+def _take(
+    paths: CardPaths,
+    name: object,
+    payload: Mapping[str, Any],
+    session: str,
+    log: Callable[[str], None],
+    host: str,
+) -> Delivery:
     if ends_turn_without_stop(payload):
         _forget_blocked(paths, session, log)  # the turn is over: no stop of it comes now
     if name not in DELIVERING_EVENTS:
@@ -187,10 +208,62 @@ def _take_at_stop(paths: CardPaths, session: str, log: Callable[[str], None], vi
 
 
 def _claim(paths: CardPaths, via: str, log: Callable[[str], None]) -> list[Message]:
-    batch = claim_all(paths.workdir, via, max_bytes=MAX_TEXT_BYTES)
+    """Claim without acknowledging: `Handover.settle` does, once the output is written."""
+    batch = claim(paths.workdir, via, max_bytes=MAX_TEXT_BYTES)
     for problem in batch.problems:
         log(f"inbox: {problem}")
     return batch.messages
+
+
+@dataclass
+class Handover:
+    """The messages a hook claimed, settled once its output was written or failed to be.
+
+    The output is the delivery: a hook whose stdout is closed, or whose write fails (the
+    host gone, a broken pipe, a full disk), hands nothing over, so its messages go back to
+    `queued/` for the next hook or read; they were acknowledged at the claim and lost while
+    the chat read "delivered". A hook killed before it settles leaves them to the next
+    claim's recovery (their holder is gone)."""
+
+    paths: CardPaths | None = None
+    via: str = ""
+    session: str = ""
+    messages: list[Message] = field(default_factory=list)
+    log: Callable[[str], None] = lambda line: None
+
+    def hold(
+        self,
+        paths: CardPaths,
+        via: str,
+        session: str,
+        messages: list[Message],
+        log: Callable[[str], None],
+    ) -> None:
+        self.paths, self.via, self.session, self.log = paths, via, session, log
+        self.messages = list(messages)
+
+    def settle(self, written: bool) -> None:
+        """Acknowledge the messages (`written`) or queue them again; never raises."""
+        paths, ids = self.paths, [message.id for message in self.messages]
+        self.messages = []
+        if paths is None or not ids:
+            return
+        try:
+            if written:
+                problems = acknowledge(paths.workdir, ids, self.via)
+            else:
+                problems = release(paths.workdir, ids)
+                self.log(
+                    f"inbox: the hook's output could not be written (stdout closed or "
+                    f"broken), so {len(ids)} message(s) went back to inbox/queued/ for the "
+                    "next hook or read"
+                )
+                if self.via.endswith(":Stop"):
+                    _forget_blocked(paths, self.session, self.log)  # the stop was not held
+            for problem in problems:
+                self.log(f"inbox: {problem}")
+        except Exception as exc:  # a hook must never fail its agent
+            self.log(f"inbox: cannot settle the claim: {exc.__class__.__name__}: {exc}")
 
 
 def _forget_blocked(paths: CardPaths, session: str, log: Callable[[str], None]) -> None:

@@ -37,7 +37,7 @@ from taskcard.producers.agent_hooks.codex import (
     rollout_usage,
     tool_failed,
 )
-from taskcard.producers.agent_hooks.inbox_hook import Delivery, steer
+from taskcard.producers.agent_hooks.inbox_hook import Delivery, Handover, steer
 from taskcard.producers.agent_hooks.inbox_hook import output as inbox_output
 from taskcard.producers.agent_hooks.inbox_hook import take as take_inbox
 from taskcard.producers.agent_hooks.payload_json import read_json
@@ -485,8 +485,11 @@ def claude_code(
     workdir_override: str | None,
     clock: Clock = utc_now_iso,
     env: Mapping[str, str] = os.environ,
+    handover: Handover | None = None,
 ) -> str:
-    """Handle one Claude Code hook payload; the text to print on stdout (maybe empty)."""
+    """Handle one Claude Code hook payload; the text to print on stdout (maybe empty).
+    The chat's messages it claims wait in `handover` for the output to be written (without
+    one, they count as delivered at once)."""
     if not raw.strip():
         raise HookInputError(
             "no payload: Claude Code passes the hook's JSON on stdin (run the hook from its "
@@ -510,7 +513,14 @@ def claude_code(
     # A subagent's context is not the agent's: the chat's texts and the card's notices handed
     # to it would read "delivered" while the agent the chat talks to never saw them.
     inbox = (
-        take_inbox(paths, name, payload, key, lambda line: log_error(paths.workdir, line))
+        take_inbox(
+            paths,
+            name,
+            payload,
+            key,
+            lambda line: log_error(paths.workdir, line),
+            handover=handover,
+        )
         if main
         else Delivery()
     )
@@ -566,6 +576,7 @@ def codex(
     clock: Clock = utc_now_iso,
     env: Mapping[str, str] = os.environ,
     only_in: str | None = None,
+    handover: Handover | None = None,
 ) -> str:
     """Handle one Codex payload: its `notify` JSON (the program's last argument), or the
     JSON of one of its lifecycle hooks (on stdin; it has `hook_event_name`). Returns the
@@ -590,7 +601,7 @@ def codex(
         workdir_override = str(root)
     paths = CardPaths(resolve_workdir(workdir_override, payload))
     if "hook_event_name" in payload:
-        return _codex_hook(payload, paths, clock, env)
+        return _codex_hook(payload, paths, clock, env, handover)
     events, completed = codex_events(payload)
     if completed and not _first_end_of(
         paths, payload.get("thread-id"), payload.get("turn-id"), "notify"
@@ -603,7 +614,11 @@ def codex(
 
 
 def _codex_hook(
-    payload: Mapping[str, Any], paths: CardPaths, clock: Clock, env: Mapping[str, str]
+    payload: Mapping[str, Any],
+    paths: CardPaths,
+    clock: Clock,
+    env: Mapping[str, str],
+    handover: Handover | None = None,
 ) -> str:
     """One Codex lifecycle hook payload, mapped as Claude Code's (the shapes agree); the text
     to print on stdout (maybe empty).
@@ -636,6 +651,7 @@ def _codex_hook(
             _turn_key(thread, turn) or key,
             lambda line: log_error(paths.workdir, line),
             "codex",
+            handover,
         )
         if main
         else Delivery()
