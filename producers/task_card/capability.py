@@ -253,7 +253,12 @@ def refused_answer(parsed: Envelope, message: str, code: str) -> Result:
 
 
 class TaskCard:
-    """The task card capability of one workdir. Use as a context manager or call `close()`."""
+    """The task card capability of one workdir. Use as a context manager or call `close()`.
+
+    `served`: True only in `taskcard host`, which serves this card to other processes over
+    its socket. The workdir lock's note says so (`workdir_lock.Holder.served`): a `taskcard`
+    command or MCP call meeting a workdir held by a program's own TaskCard is refused at once,
+    naming the program, instead of waiting for a socket nobody will open."""
 
     def __init__(
         self,
@@ -265,6 +270,7 @@ class TaskCard:
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], str] = utc_now_iso,
         quiesce_timeout_s: float = DEFAULT_QUIESCE_TIMEOUT_S,
+        served: bool = False,
     ) -> None:
         env = os.environ if environ is None else environ
         try:
@@ -314,7 +320,7 @@ class TaskCard:
         self._meta = MetaProjector(self.paths)
         self._written = WrittenFiles()  # status and body as this host last wrote them
         self._settings = SettingsCache(self.paths)  # read per tick, parsed when changed
-        self._host_lock = HostLock(self.host_paths, renders=render_tag)
+        self._host_lock = HostLock(self.host_paths, renders=render_tag, served=served)
         self._host_lock.acquire()
         try:
             self._end_leftover_renders()

@@ -303,7 +303,7 @@ def run_host(args: argparse.Namespace) -> int:
     # Orphans of renderers reparent to us, so the sweep after each render can find them.
     become_subreaper()
     try:
-        card = TaskCard(paths.workdir, runtime_dir=paths.runtime_dir)
+        card = TaskCard(paths.workdir, runtime_dir=paths.runtime_dir, served=True)
     except HostAlreadyRunning as exc:
         _say(args, str(exc))
         return EXIT_ALREADY_RUNNING

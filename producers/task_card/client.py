@@ -58,7 +58,8 @@ class HostUnavailable(RuntimeError):
 
 
 class HostElsewhere(HostUnavailable):
-    """A host runs for the workdir, but under another runtime folder than ours."""
+    """Something holds the workdir that we cannot talk to: a host under another runtime
+    folder than ours, or a program running the card through its own Python `TaskCard`."""
 
 
 def request_host(
@@ -152,7 +153,11 @@ def spawn_detached_host(paths: HostPaths, idle_grace_s: float | None = None) -> 
     done = subprocess.run(command, stdin=subprocess.DEVNULL, timeout=SPAWN_TIMEOUT_S * 2)
     if done.returncode == EXIT_ALREADY_RUNNING and not ping(paths):
         holder = workdir_lock.read_holder(paths.workdir)
-        if holder is not None and holder.runtime_dir != str(paths.runtime_dir):
+        # A host of ours still starting will answer soon (`ensure_host` waits for it); a
+        # program's own TaskCard never will, and one under another folder never to us.
+        if holder is not None and (
+            holder.served is False or holder.runtime_dir != str(paths.runtime_dir)
+        ):
             raise HostElsewhere(holder.describe(paths.workdir))
     if done.returncode not in (0, EXIT_ALREADY_RUNNING):
         raise HostUnavailable(

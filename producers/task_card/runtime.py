@@ -323,9 +323,12 @@ class HostLock:
     (`workdir_lock.py`), which also holds against a host started with another runtime folder.
     """
 
-    def __init__(self, paths: HostPaths, *, renders: str | None = None) -> None:
+    def __init__(
+        self, paths: HostPaths, *, renders: str | None = None, served: bool = False
+    ) -> None:
         self._paths = paths
         self._renders = renders
+        self._served = served  # a `taskcard host` holds it (`workdir_lock.Holder.served`)
         self._fd: int | None = None
         self._workdir_lock: workdir_lock.WorkdirLock | None = None
         # The notes previous holders left in the workdir lock (none: they ended cleanly).
@@ -346,6 +349,11 @@ class HostLock:
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
+            note = workdir_lock.read_holder(self._paths.workdir)
+            if note is not None and str(note.pid) == holder:
+                # The workdir's note says what holds it: a Python program's TaskCard is not
+                # a host that `taskcard tool/card` can talk to.
+                raise HostAlreadyRunning(note.describe(self._paths.workdir)) from None
             raise HostAlreadyRunning(
                 f"a task_card host already runs for {shown_path(self._paths.workdir)}"
                 f" (pid {shown_path(holder)}); "
@@ -353,7 +361,7 @@ class HostLock:
             ) from None
         try:
             self._workdir_lock = workdir_lock.acquire(
-                self._paths.workdir, self._paths.runtime_dir, self._renders
+                self._paths.workdir, self._paths.runtime_dir, self._renders, served=self._served
             )
         except workdir_lock.WorkdirHeld as exc:
             fcntl.flock(fd, fcntl.LOCK_UN)

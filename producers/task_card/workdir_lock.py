@@ -39,6 +39,11 @@ the new lock cannot be used, the old one, if present, stands in for it and stays
 writable `taskcard/`, a file at its name) the old lock is created for that, as the id counter
 falls back to its old place then too.
 
+The note also says whether the holder serves the card to other processes (`taskcard host`,
+over its socket) or is a program running it through its own Python `TaskCard`, and names
+that program (interpreter and script or module, never its arguments): a caller refused by
+the latter is told so at once, as there is no socket to wait for (`Holder.describe`).
+
 The note also says how to recognise the holder's renders (`renders`: the random tag every
 renderer it starts carries in its environment, `renderer.RENDER_HOST_ENV`), on which boot and
 for which workdir. A host that ends cleanly empties the note before it lets go of the lock. A
@@ -60,6 +65,7 @@ import logging
 import os
 import re
 import stat
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +85,8 @@ log = logging.getLogger(__name__)
 _MAX_LOCK_BYTES: Final = 4096
 _TAG_RE: Final = re.compile(r"[0-9a-f]{32}")
 _BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
+# The holder's command line as its note carries it, cut: enough to recognise the program.
+_MAX_PROGRAM_CHARS: Final = 300
 
 
 def boot_id() -> str | None:
@@ -100,6 +108,11 @@ class Holder:
     renders: str | None = None  # the tag its renders carry (`renderer.RENDER_HOST_ENV`)
     boot: str | None = None  # the boot it ran in
     workdir: str | None = None  # the resolved workdir it held
+    # Whether a `taskcard host` serves the card to other processes over its socket (True), or
+    # a program runs it in its own process through the Python `TaskCard` and answers nobody
+    # else (False); None in a note of an earlier version, which said neither.
+    served: bool | None = None
+    program: str | None = None  # the holder's command line, cut
 
     def leftover_tag(self, workdir: Path, boot: str | None) -> str | None:
         """The tag of renders this note's host may have left running in `workdir`, or None.
@@ -112,12 +125,21 @@ class Holder:
 
     def describe(self, workdir: Path) -> str:
         pid = self.pid if self.pid is not None else "unknown"
+        program = f": {shown_path(self.program)}" if self.program else ""
+        if self.served is False:
+            # Nothing to wait for and no socket to find: the program must let go first.
+            return (
+                f"{shown_path(workdir)} is held by a Python program's TaskCard (pid {pid}"
+                f"{program}), which runs the card inside that program and takes no calls from"
+                " other processes; make the call through that TaskCard, or end it (leave its"
+                " `with TaskCard(...)` block, or call close()) and call again"
+            )
         # Both names are the user's own: a runtime dir holding an escape acted on the
         # terminal that showed this line, and one of 100 KB came back whole, twice.
         where = shown_path(self.runtime_dir) if self.runtime_dir else "unknown"
         return (
-            f"a task_card host already runs for {shown_path(workdir)} (pid {pid}, runtime dir"
-            f" {where}); "
+            f"a task_card host already runs for {shown_path(workdir)} (pid {pid}{program},"
+            f" runtime dir {where}); "
             f"talk to it through the same runtime dir (TASKCARD_RUNTIME_DIR={where} or "
             "--runtime-dir), or stop it first"
         )
@@ -171,12 +193,16 @@ def parse_holder(raw: bytes) -> Holder:
     renders = data.get("renders")
     boot = data.get("boot")
     workdir = data.get("workdir")
+    served = data.get("served")
+    program = data.get("program")
     return Holder(
         pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None,
         runtime_dir if isinstance(runtime_dir, str) and runtime_dir else None,
         renders if isinstance(renders, str) and _TAG_RE.fullmatch(renders) else None,
         boot if isinstance(boot, str) and 0 < len(boot) <= 64 else None,
         workdir if isinstance(workdir, str) and workdir else None,
+        served if isinstance(served, bool) else None,
+        program[:_MAX_PROGRAM_CHARS] if isinstance(program, str) and program else None,
     )
 
 
@@ -271,8 +297,34 @@ def read_holder(workdir: Path) -> Holder | None:
     return next(iter(named or notes), None)
 
 
-def _write_note(fd: int, path: Path, workdir: Path, runtime_dir: Path, renders: str | None) -> None:
-    note: dict[str, object] = {"pid": os.getpid(), "runtime_dir": str(runtime_dir)}
+def program_name(argv: list[str]) -> str:
+    """A command line as the note names its program: the interpreter with its options and
+    the script, module or `-c`, never what follows (the program's own arguments may carry a
+    token, and the note is in the workdir). Pure."""
+    kept = argv[:1]
+    rest = iter(argv[1:])
+    for arg in rest:
+        if arg == "-c":
+            kept.append("-c ...")
+            break
+        if arg == "-m":
+            kept += [arg, next(rest, "")]
+            break
+        kept.append(arg)
+        if not arg.startswith("-"):  # the script
+            break
+    return " ".join(kept)[:_MAX_PROGRAM_CHARS]
+
+
+def _write_note(
+    fd: int, path: Path, workdir: Path, runtime_dir: Path, renders: str | None, served: bool
+) -> None:
+    note: dict[str, object] = {
+        "pid": os.getpid(),
+        "runtime_dir": str(runtime_dir),
+        "served": served,
+        "program": program_name(sys.orig_argv),
+    }
     if renders is not None:
         note.update(renders=renders, boot=boot_id(), workdir=str(workdir))
     try:
@@ -377,9 +429,12 @@ def _remove_legacy_name(card_folder: int, fd: int) -> None:
         log.warning("cannot remove the old workdir lock taskcard/.host.lock (%s)", exc.strerror)
 
 
-def acquire(workdir: Path, runtime_dir: Path, renders: str | None = None) -> WorkdirLock:
+def acquire(
+    workdir: Path, runtime_dir: Path, renders: str | None = None, *, served: bool = False
+) -> WorkdirLock:
     """The workdir lock held, with the notes previous holders left (see the top). `renders`
-    is the tag this holder's renders carry. Raises `WorkdirHeld`, and `CardFolderOutside`
+    is the tag this holder's renders carry; `served`, whether a `taskcard host` serves the
+    card to other processes (`Holder.served`). Raises `WorkdirHeld`, and `CardFolderOutside`
     when `taskcard/` or `.taskcard-host/` leads out of the workdir."""
     try:
         card_folder = open_card_folder(workdir, create=True)
@@ -413,10 +468,10 @@ def acquire(workdir: Path, runtime_dir: Path, renders: str | None = None) -> Wor
             previous=tuple(note for note in (previous, legacy_previous) if note is not None),
         )
         if fd is not None:
-            _write_note(fd, lock_path(workdir), workdir, runtime_dir, renders)
+            _write_note(fd, lock_path(workdir), workdir, runtime_dir, renders, served)
         if legacy_fd is not None:
             # An earlier version's host refused by it says where this one is.
-            _write_note(legacy_fd, legacy_lock_path(workdir), workdir, runtime_dir, renders)
+            _write_note(legacy_fd, legacy_lock_path(workdir), workdir, runtime_dir, renders, served)
         return held
     finally:
         if card_folder is not None:
