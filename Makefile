@@ -60,9 +60,10 @@ typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
 
 ## The tests run in two worker processes (pytest-xdist), one per core of a two-core machine.
-## Every test keeps to its own folders, ports and servers, so workers never meet.
+## Every test keeps to its own folders, ports and servers, so workers never meet. Each test's
+## timeout (300 s) is set in pyproject.toml alone, so a file run by itself gets the same one.
 check: lint typecheck
-	$(BIN)/pytest -q -W error --timeout=300 -n 2
+	$(BIN)/pytest -q -W error -n 2
 
 ## The property tests with fresh random examples, ten rounds (`make test` draws the same ones
 ## every time): run it after changing a renderer or a reader of agent files.

@@ -313,6 +313,19 @@ def test_every_make_target_the_docs_or_phony_name_has_a_recipe() -> None:
     assert "ruff check" in dry.stdout, dry.stdout + dry.stderr
 
 
+def test_a_single_file_run_has_the_timeout_of_make_test() -> None:
+    """The README's one-file command (`.venv/bin/pytest FILE`) reads pyproject's timeout
+    (120 s) while `make test`, and so `.ci/run`, passed `--timeout=300`: a test the loaded CI
+    machine finished in 200 s timed out when run alone. The timeout lives in pyproject only;
+    any command that names one names the same."""
+    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    for runner in (ROOT / "Makefile", ROOT / ".ci" / "run"):
+        for given in re.findall(r"--timeout[= ](\d+)", runner.read_text()):
+            assert int(given) == ini["timeout"], (runner.name, given, ini["timeout"])
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci, ci  # .ci/run is `make test`, whose pytest lines are read above
+
+
 FILE_NAME = re.compile(r"\.(json|jsonl|py|md|toml|lock)$")  # `watch.json`, `signals.py`
 
 
