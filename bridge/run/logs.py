@@ -33,7 +33,10 @@ REPEAT_INTERVAL_S: Final = 60.0
 SECRET_MASK: Final = "***"
 
 # HTTP client libraries log request URLs, and a Telegram URL carries the bot token.
-_NOISY: Final = ("httpx", "httpcore", "telegram", "Lark", "lark_oapi", "websockets", "watchfiles")
+_NOISY: Final = ("httpx", "httpcore", "telegram", "websockets", "watchfiles")
+# lark-oapi's logger (named "Lark"): written at the configured level under the name
+# `lark_oapi`, its run-time credentials masked (`channels.feishu.longconn.LarkLinesAsOurs`).
+_LARK: Final = "Lark"
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _STANDARD_ATTRS: Final = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "message",
@@ -204,3 +207,7 @@ def setup_logging(
         # its records a second time, neither scrubbed nor in the chosen format.
         library.handlers.clear()
         library.propagate = True
+    lark = logging.getLogger(_LARK)
+    lark.setLevel(logging.NOTSET)  # the root's: the configured level
+    lark.handlers.clear()  # its own handler printed to stdout, in its own format
+    lark.propagate = True

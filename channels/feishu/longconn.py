@@ -41,6 +41,14 @@ log = logging.getLogger(__name__)
 # lark-oapi logs through this logger; its receive loop logs every end of the connection at
 # ERROR, also Feishu closing it the normal way (close code 1000 or 1001) before a reconnect.
 LARK_LOGGER = "Lark"
+# The name its records carry in our log: "Lark" named no module, as every other line does.
+LARK_NAME: Final = "lark_oapi"
+# What a lark-oapi line may carry that is a credential: the long connection's URL, whose
+# query holds its ticket and keys ("connected to wss://...?device_id=..&ticket=.."), and a
+# request's `Authorization` header (the tenant token).
+_URL_QUERY = re.compile(r"(\b(?:wss?|https?)://[^\s?]+)\?[^\s\]]*")
+_BEARER = re.compile(r"(?i)\b(bearer)\s+\S+")
+_TENANT_TOKEN = re.compile(r"\b[tu]-[A-Za-z0-9_-]{16,}")
 _LOOP_EXIT = re.compile(r"receive message loop exit, err: (?P<reason>.*?)(?: \[conn_id=[^]]*\])?$")
 _CLOSE_CODE = re.compile(r"\b(?:received|sent) (\d{4})\b")
 _NORMAL_CLOSE: Final = frozenset({"1000", "1001"})
@@ -67,10 +75,35 @@ class NormalCloseIsNoError(logging.Filter):
         return True
 
 
+class LarkLinesAsOurs(logging.Filter):
+    """lark-oapi's records as our log writes them: under the name `lark_oapi`, with any URL's
+    query, `Bearer` value or tenant token in the text replaced by `***` (the configured app
+    secret is masked by the log's own formatter, `bridge.run.logs`; these are credentials
+    the library gets at run time, which no configuration names)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.name = LARK_NAME
+        text = record.getMessage()
+        masked = _URL_QUERY.sub(r"\1?***", text)
+        masked = _BEARER.sub(r"\1 ***", masked)
+        masked = _TENANT_TOKEN.sub("***", masked)
+        if masked != text:
+            record.msg, record.args = masked, None
+        return True
+
+
+def lark_at_our_level() -> None:
+    """Let lark-oapi's logger take the level our log was configured with: its `ws.Client`
+    sets the logger's own level when it is made (to the level it is given)."""
+    logging.getLogger(LARK_LOGGER).setLevel(logging.NOTSET)
+
+
 def _adopt_lark_logger() -> None:
     lark_log = logging.getLogger(LARK_LOGGER)
     if not any(isinstance(f, NormalCloseIsNoError) for f in lark_log.filters):
         lark_log.addFilter(NormalCloseIsNoError())
+    if not any(isinstance(f, LarkLinesAsOurs) for f in lark_log.filters):
+        lark_log.addFilter(LarkLinesAsOurs())  # after the one above, which reads its text
 
 
 _adopt_lark_logger()
@@ -187,6 +220,7 @@ class LongConnection:
             event_handler=handler,
             domain=self._domain,
         )
+        lark_at_our_level()
         try:
             client.start()
         except asyncio.CancelledError:

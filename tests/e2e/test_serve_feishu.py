@@ -730,10 +730,34 @@ async def test_a_normal_reconnect_of_the_long_connection_logs_no_error(
         assert "ERROR" not in serve.logs, serve.logs
         assert await fake.close_ws(1011) == 1
         await eventually(lambda: fake.ws_opened == 3, what="the reconnect after a failure")
-        await eventually(lambda: "ERROR Lark: receive message loop exit" in serve.logs)
+        await eventually(lambda: "ERROR lark_oapi: receive message loop exit" in serve.logs)
         assert await serve.aterminate() == 0
     assert serve.output == ""
     assert fake.app_secret not in serve.logs
+
+
+async def test_lark_oapis_lines_name_it_at_the_configured_level_without_credentials(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """lark-oapi's own lines went out under the logger name `Lark` (no module of ours, nor
+    the library's package) and at WARNING whatever level the operator chose. They now read
+    `lark_oapi`, at the configured level (its "connected to" line at INFO shows at debug),
+    and what the library holds at run time is masked: the long connection's URL query (its
+    ticket and keys on Feishu), the tenant token; the app secret never shows."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    setup.config.write_text(setup.config.read_text().replace('"webhook"', '"websocket"'))
+    with ServeProcess(setup.config, env={**setup.env, "TASKCARD_LOG_LEVEL": "debug"}) as serve:
+        await eventually(lambda: fake.ws_connections == 1, timeout_s=120, what="the connection")
+        publish(tmp_path / "agents" / "builder", "a card over lark")
+        await eventually(lambda: any("a card over lark" in t for t in card_texts(fake)))
+        await eventually(lambda: " lark_oapi: connected to ws://" in serve.logs, what="lark's line")
+        assert await serve.aterminate() == 0
+    logs = serve.logs + serve.output
+    assert " Lark: " not in logs and "[Lark]" not in logs, logs
+    assert "/ws?***" in logs and "service_id=" not in logs, logs
+    assert fake.app_secret not in logs
+    issued = list(fake._tokens)
+    assert issued and not any(token in logs for token in issued), issued
 
 
 async def test_a_pin_refused_by_the_rate_limit_is_tried_again_once_its_window_has_passed(
