@@ -127,10 +127,6 @@ def _serve(args: argparse.Namespace) -> int:
         except StateFileError as error:
             print(f"taskcard: {error}", file=sys.stderr)
             return EXIT_CONFIG
-        for warning in nothing_served(config):  # as `config check` says them
-            print(f"warning: {warning}", file=sys.stderr)
-        for note in _check_notes(config):
-            print(f"note: {note}", file=sys.stderr)
         return _check_secrets(args.config, config)
     setup_logging(config.log_level)
     for warning in nothing_served(config):
@@ -153,17 +149,19 @@ def _check_secrets(path: str, config: ServiceConfig) -> int:
     A required one unset or empty (a channel that could not start, a cluster without its
     Redis URL) is exit 2; an optional one unset is a warning."""
     problems = start_blockers(config, os.environ)
+    # As `config check` says it; the summary's "valid" only when `serve` would start here.
+    _say_checked(path, config, summary=not problems)
     for note in optional_secrets_unset(config, os.environ):
         print(f"warning: {note}", file=sys.stderr)
     if problems:
         print(
-            f"taskcard: {path} is valid, but `taskcard serve` would not start in this environment:",
+            f"taskcard: {shown_config(path)} is valid, but `taskcard serve` would not start in"
+            " this environment:",
             file=sys.stderr,
         )
         for problem in problems:
             print(f"  - {problem}", file=sys.stderr)
         return EXIT_CONFIG
-    print(f"{path}: valid")
     return 0
 
 
@@ -173,18 +171,27 @@ def _config_check(args: argparse.Namespace) -> int:
     config = _load(Path(args.file))
     if config is None:
         return EXIT_CONFIG
+    _say_checked(args.file, config)
+    return 0
+
+
+def _say_checked(path: str, config: ServiceConfig, *, summary: bool = True) -> None:
+    """What `config check` and `serve --check` both print of a valid file, in one shape: the
+    summary and the notes on stdout, the warnings on stderr. `serve --check` printed a bare
+    "valid", its notes on stderr, and the path unescaped; `config check` the counts. Without
+    `summary` (`serve --check` in an environment `serve` would not start in) no "valid"."""
     specs = route_specs(config)
     channels = sorted({spec.channel for spec in specs})
-    print(
-        f"{shown_config(args.file)}: valid; {counted(len(config.agents), 'agent', 'agents')},"
-        f" {counted(len(specs), 'route', 'routes')}"
-        + (f" ({', '.join(channels)})" if channels else "")
-    )
+    if summary:
+        print(
+            f"{shown_config(path)}: valid; {counted(len(config.agents), 'agent', 'agents')},"
+            f" {counted(len(specs), 'route', 'routes')}"
+            + (f" ({', '.join(channels)})" if channels else "")
+        )
     for note in _check_notes(config):
         print(f"note: {note}")
     for warning in nothing_served(config):
         print(f"warning: {warning}", file=sys.stderr)
-    return 0
 
 
 def _check_notes(config: ServiceConfig) -> list[str]:

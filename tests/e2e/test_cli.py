@@ -1386,7 +1386,7 @@ def test_serve_check_names_each_unset_secret_variable_and_never_a_value(tmp_path
     (tmp_path / "agents" / "builder").mkdir(parents=True)
     result = taskcard(*args, env=secrets)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"{config}: valid" and result.stderr == ""
+    assert result.stdout.startswith(f"{config}: valid; ") and result.stderr == ""
     assert not any(value in result.stdout + result.stderr for value in secrets.values())
 
     bad_token = {**secrets, "TC_CHECK_TOKEN": "a token with spaces"}

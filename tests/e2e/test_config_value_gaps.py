@@ -335,7 +335,7 @@ def test_a_token_without_a_colon_is_taken_for_another_bot_api_root(
         "serve", "--config", str(config), "--check", env={"TC_G_TOKEN": SECRETS["TC_G_SECRET"]}
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"{config}: valid", result.stdout
+    assert result.stdout.startswith(f"{config}: valid; "), result.stdout
 
 
 def test_a_secret_or_a_taskcard_variable_with_a_line_break_or_spaces_around_is_taken(
@@ -347,7 +347,7 @@ def test_a_secret_or_a_taskcard_variable_with_a_line_break_or_spaces_around_is_t
     in it, and a TASKCARD_LOG_LEVEL of "info" and a line break a usage error."""
     padded = {name: f" {value}\n" for name, value in SECRETS.items()}
     code, stdout, stderr = _secret_check(tmp_path, padded)
-    assert code == 0 and stdout.endswith(": valid\n"), stderr
+    assert code == 0 and ": valid; " in stdout, stderr
     config = tmp_path / "taskcard.toml"
     result = taskcard(
         "serve",
@@ -360,7 +360,7 @@ def test_a_secret_or_a_taskcard_variable_with_a_line_break_or_spaces_around_is_t
         },
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"{config}: valid", result.stdout
+    assert result.stdout.startswith(f"{config}: valid; "), result.stdout
     result = taskcard("config", "check", env={"TASKCARD_CONFIG": f"{config}\r\n"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"{config}: valid;"), result.stdout

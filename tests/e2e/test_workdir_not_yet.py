@@ -53,7 +53,7 @@ def test_check_and_status_name_the_workdirs_not_made_yet(
     monkeypatch.setenv(TOKEN_ENV, "123456:placeholder")
     checked = run_cli("serve", "--config", str(config), "--check")
     assert checked.returncode == 0, checked.stderr
-    assert f"note: {not_yet('buidler', tmp_path)}" in checked.stderr.splitlines()
+    assert f"note: {not_yet('buidler', tmp_path)}" in checked.stdout.splitlines()
     assert "builder" not in checked.stderr  # its workdir is there
     assert "warning" not in checked.stderr
     # `config check` says it too, in the same words, as it says its other notes (stdout).
@@ -146,7 +146,7 @@ def test_check_names_a_workdir_or_root_behind_a_link_that_leads_nowhere(
     checked = run_cli("serve", "--config", str(config), "--check")
     assert checked.returncode == 0, checked.stderr
     for line in linked_lines(tmp_path):
-        assert f"note: {line}" in checked.stderr.splitlines(), checked.stderr
+        assert f"note: {line}" in checked.stdout.splitlines(), checked.stdout
     # The folders made where the links point: nothing more to say.
     (tmp_path / "moved-ghost").mkdir()
     (tmp_path / "moved-fleet").mkdir()
