@@ -34,7 +34,8 @@ exit codes:
   {EXIT_RUNTIME}    runtime failure (the service stopped on an error, a task card call failed)
   {EXIT_USAGE}    usage or configuration error (bad arguments, invalid config, missing workdir
        or secret, a metrics address that cannot be bound)
-  {EXIT_ALREADY_RUNNING}    already running (a service on that state_dir, a host for that workdir)
+  {EXIT_ALREADY_RUNNING}    already running (a service on that state_dir, a host for that workdir
+       or a program's own Python TaskCard holding it)
   {EXIT_UNREACHABLE}    no task card host could be reached or started
   129, 143
        `taskcard inbox` stopped by SIGHUP or SIGTERM before its reader had taken every
