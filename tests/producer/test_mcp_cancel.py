@@ -66,8 +66,16 @@ async def test_a_start_cancelled_in_its_first_render_leaves_no_watch(
         # Nothing is left to say "already active": the retried start makes the watch.
         pid_file.unlink()
         (workdir / "release").write_text("")
-        again = await session.call_tool("task_card", START)
-        content = again.structured_content
+        # The cancelled start answers once its render is reaped; until then a start is
+        # refused as busy, and a caller calls again, as its message says.
+        deadline = time.monotonic() + 60
+        while True:
+            again = await session.call_tool("task_card", START)
+            content = again.structured_content
+            if not (isinstance(content, dict) and content.get("code") == "busy"):
+                break
+            assert time.monotonic() < deadline, f"still busy after 60 s: {content}"
+            await anyio.sleep(0.1)
         assert not again.is_error and isinstance(content, dict), content
         assert content["status"] == "watching", content
         assert status.read_bytes() == b"active"
