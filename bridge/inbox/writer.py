@@ -52,6 +52,7 @@ from taskcard.producers.reports.contract import (
     INBOX_SUBDIRS,
     MAX_INBOX_MESSAGE_BYTES,
 )
+from taskcard.producers.task_card.contract import write_all
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +246,7 @@ class InboxWriter:
             if stat.S_IMODE(inbox.st_mode) == SHARED_DIR_MODE:  # shared: see the docstring
                 share(fd, inbox.st_gid, SHARED_FILE_MODE)
             try:
-                os.write(fd, data)
+                write_all(fd, data)  # one write may take only a part (a full disk)
                 os.fsync(fd)
             except OSError as error:
                 os.close(fd)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -81,6 +82,35 @@ def test_too_large_and_bad_ids_are_refused(tmp_path: Path) -> None:
         InboxWriter(tmp_path).queue(message(text="x" * 20_000))
     with pytest.raises(InboxRefused, match="id"):
         InboxWriter(tmp_path).queue(message(ident="../evil"))
+
+
+def test_a_message_the_disk_cuts_short_is_refused_and_never_queued(tmp_path: Path) -> None:
+    """One write of a message larger than the room left took the part that fitted, and the
+    cut message was renamed into `queued/` for the agent. Past a file size limit (a full
+    disk's short write), the writer now refuses the message and queues nothing."""
+    script = (
+        "import resource, sys\n"
+        "from pathlib import Path\n"
+        "from taskcard.bridge.inbox.writer import InboxRefused, InboxWriter\n"
+        "from tests.bridge.test_inbox import message\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    InboxWriter(Path(sys.argv[1])).queue(message(text='x' * 10_000))\n"
+        "except InboxRefused as refused:\n"
+        "    print('refused:', refused)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.stdout.startswith("refused: inbox/tmp cannot take m_1.json"), done.stdout
+    assert "File too large" in done.stdout, done.stdout
+    assert os.listdir(tmp_path / "inbox" / "queued") == []
+    assert os.listdir(tmp_path / "inbox" / "tmp") == []
 
 
 def test_cancel_and_claim_race_one_winner(tmp_path: Path) -> None:
