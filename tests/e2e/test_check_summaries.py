@@ -5,26 +5,16 @@ printed the counts and its notes on stdout. Both commands run as a user runs the
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.e2e.harness import ROOT
+from tests.e2e.test_cli import taskcard
 
 TOKEN_ENV = "TC_SUMMARY_TOKEN"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, TOKEN_ENV: "123456:placeholder"}
-    return subprocess.run(
-        [sys.executable, "-m", "taskcard.bridge.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    return taskcard(*args, env={TOKEN_ENV: "123456:placeholder"})
 
 
 def _both(config: Path) -> tuple[subprocess.CompletedProcess[str], ...]:
