@@ -281,9 +281,12 @@ class ServeProcess:
 
 
 async def eventually(
-    predicate: Callable[[], Any], *, timeout_s: float = 30.0, what: str = "condition"
+    predicate: Callable[[], Any], *, timeout_s: float = 60.0, what: str = "condition"
 ) -> Any:
-    """Poll `predicate` until it returns something truthy; fail with `what` after the timeout."""
+    """Poll `predicate` until it returns something truthy; fail with `what` after the timeout.
+    60 s by default: the suite runs as two copies on a loaded 2-core machine, where a
+    service's start or a reconnect took more than 30 s at times (a passing wait is not
+    slower for it)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
