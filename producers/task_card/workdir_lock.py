@@ -297,23 +297,14 @@ def read_holder(workdir: Path) -> Holder | None:
     return next(iter(named or notes), None)
 
 
-def program_name(argv: list[str]) -> str:
-    """A command line as the note names its program: the interpreter with its options and
-    the script, module or `-c`, never what follows (the program's own arguments may carry a
-    token, and the note is in the workdir). Pure."""
-    kept = argv[:1]
-    rest = iter(argv[1:])
-    for arg in rest:
-        if arg == "-c":
-            kept.append("-c ...")
-            break
-        if arg == "-m":
-            kept += [arg, next(rest, "")]
-            break
-        kept.append(arg)
-        if not arg.startswith("-"):  # the script
-            break
-    return " ".join(kept)[:_MAX_PROGRAM_CHARS]
+def program_name(executable: str, argv0: str) -> str:
+    """The program as the note names it: the interpreter and what Python made of the command
+    line's program (`sys.argv[0]`: the script's path, the module's path for `-m`, `-c`, `-`
+    for standard input), never anything else of it. The program's own arguments may carry a
+    token, the interpreter's options may be glued to code (`-cimport os; ...`, `-Ic ...`)
+    or to a module and its arguments, and the note is in the workdir. Pure."""
+    shown = "-c ..." if argv0 == "-c" else argv0 or "(interactive)"
+    return f"{executable or 'python'} {shown}"[:_MAX_PROGRAM_CHARS]
 
 
 def _write_note(
@@ -323,7 +314,7 @@ def _write_note(
         "pid": os.getpid(),
         "runtime_dir": str(runtime_dir),
         "served": served,
-        "program": program_name(sys.orig_argv),
+        "program": program_name(sys.executable, sys.argv[0] if sys.argv else ""),
     }
     if renders is not None:
         note.update(renders=renders, boot=boot_id(), workdir=str(workdir))

@@ -6,6 +6,7 @@ holding program's pid and script and the fix."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -87,3 +88,75 @@ def test_a_second_python_task_card_is_told_which_program_holds_it(
     with pytest.raises(HostAlreadyRunning) as refused:
         TaskCard(workdir, runtime_dir=runtime_dir)
     _names_the_holder(str(refused.value), holder)
+
+
+RELEASED_HOLDER = """
+import os, sys, time
+from taskcard.producers.task_card import TaskCard
+workdir, runtime_dir, release = sys.argv[1:4]
+with TaskCard(workdir, runtime_dir=runtime_dir):
+    print("held", flush=True)
+    while not os.path.exists(release):
+        time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize(
+    ("form", "shown"),
+    [
+        ("script", "my_agent.py"),
+        ("-c", "-c ..."),
+        ("-c glued", "-c ..."),
+        ("-Ic", "-c ..."),
+        ("-m glued", "my_agent.py"),
+        ("- (standard input)", " -"),
+    ],
+)
+def test_the_holders_note_never_carries_its_code_or_arguments(
+    workdir: Path, runtime_dir: Path, tmp_path: Path, form: str, shown: str
+) -> None:
+    """The note in the workdir names the program by the interpreter and what Python made of
+    its program (the script's or module's path, `-c`, `-`). Read from the raw command line,
+    an option glued to code (`-cimport ...`, `-Ic ...`) or to a module (`-mapp`) let the code
+    and the program's arguments, a token among them, into the note and into every refusal."""
+    script = tmp_path / "my_agent.py"
+    script.write_text(RELEASED_HOLDER)
+    release = tmp_path / "release"
+    arguments = [str(workdir), str(runtime_dir), str(release), "--token=s3cret"]
+    code = RELEASED_HOLDER.replace("TaskCard(", "TaskCard(  # k3y\n")  # a secret in the code
+    stdin: str | None = None
+    command = {
+        "script": [sys.executable, str(script)],
+        "-c": [sys.executable, "-c", code],
+        "-c glued": [sys.executable, f"-c{code}"],
+        "-Ic": [sys.executable, "-Ic", code],
+        "-m glued": [sys.executable, "-mmy_agent"],
+        "- (standard input)": [sys.executable, "-"],
+    }[form]
+    if form == "- (standard input)":
+        stdin = code
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    proc = subprocess.Popen(
+        [*command, *arguments],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    if stdin is not None:
+        proc.stdin.write(stdin)
+    proc.stdin.close()
+    try:
+        assert proc.stdout.readline() == "held\n"
+        notes = b"".join(
+            path.read_bytes() for path in (workdir / ".taskcard-host").rglob("*") if path.is_file()
+        ).decode(errors="replace")
+        assert f'"pid": {proc.pid}' in notes, notes
+        assert "s3cret" not in notes and "k3y" not in notes and "import" not in notes, notes
+        assert shown in notes, notes
+    finally:
+        release.write_text("")
+        proc.wait(timeout=60)
+        proc.stdout.close()
