@@ -57,7 +57,7 @@ def _parsed(chat_id: str, raw: str | None) -> OrderedDict[str, str]:
         return names
     try:
         document = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth
         document = None
     if not isinstance(document, dict):
         _log.warning(

@@ -56,6 +56,18 @@ def test_a_stored_name_is_cleaned_and_a_row_not_an_object_is_named_and_ignored(
     assert stored_topic_names(cursors, "-200") == {"3": "Lobby"}
 
 
+def test_a_row_nested_too_deep_to_parse_is_ignored_like_any_row_not_an_object(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A shared store's row is anyone's: one nested past the parser's depth raised
+    RecursionError out of `taskcard chats` (only ValueError was caught)."""
+    cursors = Cursors()
+    cursors[TOPIC_NAMES_PREFIX + "-300"] = "[" * 200_000
+    with caplog.at_level(logging.WARNING):
+        assert stored_topic_names(cursors, "-300") == {}
+    assert f"({TOPIC_NAMES_PREFIX}-300) are not a JSON object" in caplog.text
+
+
 def test_the_opening_name_never_replaces_a_newer_one_the_store_holds() -> None:
     cursors = Cursors()
     TopicNames(cursors).learn("-100", "7", "QA nightly", newer=True)
