@@ -49,6 +49,12 @@ LARK_NAME: Final = "lark_oapi"
 _URL_QUERY = re.compile(r"(\b(?:wss?|https?)://[^\s?]+)\?[^\s\]]*")
 _BEARER = re.compile(r"(?i)\b(bearer)\s+\S+")
 _TENANT_TOKEN = re.compile(r"\b[tu]-[A-Za-z0-9_-]{16,}")
+# A credential a JSON text names by its key: an event's payload (logged whole at debug)
+# carries the app's verification token in its header.
+_JSON_CREDENTIAL = re.compile(
+    r'("(?:token|encrypt_key|app_secret|secret|[a-z_]*access_token|refresh_token)"\s*:\s*")'
+    r'(?:[^"\\]|\\.)*"'
+)
 _LOOP_EXIT = re.compile(r"receive message loop exit, err: (?P<reason>.*?)(?: \[conn_id=[^]]*\])?$")
 _CLOSE_CODE = re.compile(r"\b(?:received|sent) (\d{4})\b")
 _NORMAL_CLOSE: Final = frozenset({"1000", "1001"})
@@ -77,9 +83,10 @@ class NormalCloseIsNoError(logging.Filter):
 
 class LarkLinesAsOurs(logging.Filter):
     """lark-oapi's records as our log writes them: under the name `lark_oapi`, with any URL's
-    query, `Bearer` value or tenant token in the text replaced by `***` (the configured app
-    secret is masked by the log's own formatter, `bridge.run.logs`; these are credentials
-    the library gets at run time, which no configuration names)."""
+    query, `Bearer` value, tenant token or JSON credential field (an event's `token`) in the
+    text replaced by `***` (the configured app secret is masked by the log's own formatter,
+    `bridge.run.logs`; these are credentials the library gets at run time, which no
+    configuration names)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.name = LARK_NAME
@@ -87,6 +94,7 @@ class LarkLinesAsOurs(logging.Filter):
         masked = _URL_QUERY.sub(r"\1?***", text)
         masked = _BEARER.sub(r"\1 ***", masked)
         masked = _TENANT_TOKEN.sub("***", masked)
+        masked = _JSON_CREDENTIAL.sub(r'\1***"', masked)
         if masked != text:
             record.msg, record.args = masked, None
         return True

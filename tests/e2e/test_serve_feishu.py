@@ -751,8 +751,14 @@ async def test_lark_oapis_lines_name_it_at_the_configured_level_without_credenti
         publish(tmp_path / "agents" / "builder", "a card over lark")
         await eventually(lambda: any("a card over lark" in t for t in card_texts(fake)))
         await eventually(lambda: " lark_oapi: connected to ws://" in serve.logs, what="lark's line")
+        # At debug the library logs each event's payload: its header carries the app's
+        # verification token, which no configuration names in long-connection mode.
+        event = fake.command_event(CHAT, "/taskcard", verification_token="vt_" + "9" * 24)
+        assert await fake.push_ws_event(event) == 1
+        await eventually(lambda: " lark_oapi: " in serve.logs and "payload" in serve.logs)
         assert await serve.aterminate() == 0
     logs = serve.logs + serve.output
+    assert "vt_" + "9" * 24 not in logs, logs
     assert " Lark: " not in logs and "[Lark]" not in logs, logs
     assert "/ws?***" in logs and "service_id=" not in logs, logs
     assert fake.app_secret not in logs
