@@ -22,7 +22,10 @@ carried whole to every instance at every renewal.
 background task, so a Redis that does not answer holds up nothing else (each write used to wait
 its socket timeout on the loop, every chat and agent with it). A reply forgotten is counted as
 sent-but-not-yet-removed until its removal went through, so no take hands it back meanwhile;
-`release` waits for the writes queued before it.
+`release` waits for the writes queued before it. `mark` (a reply about to go out on a platform
+that cannot deduplicate sends, kept `unsure`) goes through the same queue, so no older write of
+its key lands after it, and is awaited: its send waits for Redis to take it, and does not go
+out when Redis refused it.
 """
 
 from __future__ import annotations
@@ -167,16 +170,28 @@ class ClusterReplies:
         # another instance).
         self._undropped: set[str] = set()
         self._release = aio.register_script(_RELEASE)
-        # The writes of `keep` (key, value) and `forget` (key, None), in call order.
-        self._writes: deque[tuple[str, str | None]] = deque()
+        # The writes of `keep` and `mark` (key, value) and `forget` (key, None), in call
+        # order; a `mark`'s with the future it awaits.
+        self._writes: deque[tuple[str, str | None, asyncio.Future[None] | None]] = deque()
         self._writer: asyncio.Task[None] | None = None
 
     def keep(self, key: str, entry: dict[str, Any]) -> None:
         self._mine.add(key)
-        value = " ".join(
+        self._write(key, self._value(entry))
+
+    async def mark(self, key: str, entry: dict[str, Any]) -> None:
+        """Keep `entry` (marked `unsure`) once the writes of `key` queued before it went
+        through; returns when Redis took it, raises `RedisError` or `OSError` when it did not
+        (then the reply is not to be sent now)."""
+        self._mine.add(key)
+        done = asyncio.get_running_loop().create_future()
+        self._write(key, self._value(entry), done)
+        await done
+
+    def _value(self, entry: dict[str, Any]) -> str:
+        return " ".join(
             (self._owner, str(int(time.time() * 1000)), str(entry["channel"]), json.dumps(entry))
         )
-        self._write(key, value)
 
     def forget(self, key: str) -> None:
         self._mine.discard(key)
@@ -186,9 +201,9 @@ class ClusterReplies:
         self._undropped.add(key)
         self._write(key, None)
 
-    def _write(self, key: str, value: str | None) -> None:
+    def _write(self, key: str, value: str | None, done: asyncio.Future[None] | None = None) -> None:
         """Queue one write for the writer task; done at once when no loop runs."""
-        self._writes.append((key, value))
+        self._writes.append((key, value, done))
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -199,7 +214,7 @@ class ClusterReplies:
 
     def _write_now_sync(self) -> None:
         while self._writes:
-            key, value = self._writes[0]  # left in the queue until done (see `_removal_queued`)
+            key, value, _ = self._writes[0]  # left queued until done (see `_removal_queued`)
             try:
                 if value is None:
                     self._client.hdel(self._key, key)
@@ -212,18 +227,31 @@ class ClusterReplies:
             self._writes.popleft()
 
     async def _write_queued(self) -> None:
-        while self._writes:
-            key, value = self._writes[0]  # left in the queue until done (see `_removal_queued`)
-            try:
-                if value is None:
-                    await self._aio.hdel(self._key, key)
+        try:
+            while self._writes:
+                key, value, done = self._writes[0]  # left queued until done (`_removal_queued`)
+                try:
+                    if value is None:
+                        await self._aio.hdel(self._key, key)
+                    else:
+                        await self._aio.hset(self._key, key, value)
+                except (RedisError, OSError) as error:
+                    if done is None:
+                        self._write_failed(key, value, error)
+                    elif not done.done():  # its caller does not send the reply
+                        done.set_exception(error)
                 else:
-                    await self._aio.hset(self._key, key, value)
-            except (RedisError, OSError) as error:
-                self._write_failed(key, value, error)
-            else:
-                self._written(key, value)
-            self._writes.popleft()
+                    self._written(key, value)
+                    if done is not None and not done.done():
+                        done.set_result(None)
+                self._writes.popleft()
+        finally:
+            # Cancelled (a stop that did not wait for it): a mark still queued is not taken
+            # (its reply is not sent), and not written later either.
+            for _, _, done in self._writes:
+                if done is not None and not done.done():
+                    done.set_exception(RedisError("the reply writes stopped"))
+            self._writes = deque(write for write in self._writes if write[2] is None)
 
     def _written(self, key: str, value: str | None) -> None:
         if value is None and not self._removal_queued(key, skip_first=True):
@@ -232,10 +260,10 @@ class ClusterReplies:
     def _removal_queued(self, key: str, *, skip_first: bool = False) -> bool:
         """Whether a removal of `key` still waits in the queue (or is being written)."""
         writes = list(self._writes)[1:] if skip_first else self._writes
-        return any(queued == key and value is None for queued, value in writes)
+        return any(queued == key and value is None for queued, value, _ in writes)
 
     def _write_failed(self, key: str, value: str | None, error: Exception) -> None:
-        if value is not None:  # the reply still goes out; only a stop would lose it
+        if value is not None:  # kept to be sent (not a mark): a stop before it is sent loses it
             log.warning(
                 "could not keep the unsent command reply in Redis (%s): a stop before it is"
                 " sent loses it",

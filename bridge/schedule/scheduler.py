@@ -286,6 +286,11 @@ class SharedReplies(Protocol):
         """Keep one reply (as `_kept_reply` reads it) as this instance's."""
         ...
 
+    async def mark(self, key: str, entry: dict[str, Any]) -> None:
+        """Keep one reply as `entry` (marked `unsure`) before its send, after the writes of
+        `key` asked for before; raises when the store did not take it."""
+        ...
+
     def forget(self, key: str) -> None:
         """The reply was sent, refused for good or replaced."""
         ...
@@ -1045,12 +1050,22 @@ class RouteScheduler:
             self._shared_replies.keep(reply.idempotency_key, entry)
         return True
 
-    def _reply_sending(self, reply: _Reply) -> bool:
+    async def _reply_sending(self, reply: _Reply) -> str | None:
         """Its request is about to go out on a platform that cannot deduplicate sends: keep
         it marked `unsure` first, so that a stop or a kill before the answer leaves it unsent
         by the next start (or by the instance taking it over), as a notice is (at most once).
-        False when the store did not take the mark: then it is not sent now."""
-        return self._keep_reply(reply, {**reply.entry, "unsure": True})
+        When the store did not take the mark, why (it is not sent now)."""
+        unsure = {**reply.entry, "unsure": True}
+        key = reply.idempotency_key
+        if self._kept_replies is not None:
+            self._kept_replies[key] = unsure
+            return None if self._save_replies() else "not saved"
+        if self._shared_replies is not None:
+            try:  # in Redis before the request, after the writes of the reply queued earlier
+                await self._shared_replies.mark(key, unsure)
+            except Exception as error:
+                return type(error).__name__  # not its text: a Redis error's can quote a key
+        return None
 
     def _reply_not_sent(self, reply: _Reply) -> None:
         """The platform answered without posting it: kept as unsent again, for a restart."""
@@ -1915,9 +1930,11 @@ class RouteScheduler:
         reply_once = (
             text if isinstance(text, _Reply) and channel.ambiguous_send_hold_s is not None else None
         )
-        if reply_once is not None and not self._reply_sending(reply_once):
+        if reply_once is not None and (refused := await self._reply_sending(reply_once)):
             reservation.complete()
-            self._retry_later(text, f"{where}: the state store did not take the reply's send")
+            self._retry_later(
+                text, f"{where}: the state store did not take the reply's send ({refused})"
+            )
             self._put_back(lane, text, front=False)
             return
         try:

@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -17,6 +18,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from taskcard.bridge.cluster import replies as replies_module
 from taskcard.bridge.cluster.replies import STALE_AFTER_S, ClusterReplies
+from taskcard.bridge.schedule.scheduler import RouteScheduler
+from taskcard.bridge.store.sqlite import SqliteStore
+from taskcard.channels.base import ChatRef, Outgoing, ReplyTo
+from tests.bridge.test_scheduler import AnswerLosingChannel, text, wait_for
 
 
 @pytest.fixture
@@ -208,3 +213,105 @@ async def test_a_removal_landing_while_a_take_awaits_its_answer_keeps_that_reply
     assert not await aio.hexists(key, "reply:1")
     await interleaved.aclose()
     sync.close()
+
+
+def _unsure(stored: str | None) -> bool:
+    """Whether a value of `P:replies` holds its reply marked `unsure`."""
+    return stored is not None and json.loads(stored.split(" ", 3)[3]).get("unsure") is True
+
+
+async def test_a_mark_is_in_redis_when_it_returns_after_the_older_writes_of_its_reply(
+    aio: Redis, redis_url: str
+) -> None:
+    """A reply about to go out on Telegram is marked `unsure` first. The mark was only queued:
+    the send could go out before Redis had it (or without it, when Redis refused it), and a
+    kill then let the instance taking over send it again. `mark` returns once Redis has it,
+    after the writes of its reply queued before it, and raises when Redis refused it."""
+    prefix = f"t-{uuid.uuid4().hex}"
+    go = asyncio.Event()
+    refusing = False
+
+    class _Slow(Redis):
+        """HSET waits for `go`, and is refused while `refusing`."""
+
+        async def hset(self, *args: Any, **kwargs: Any) -> int:  # type: ignore[override]
+            await go.wait()
+            if refusing:
+                raise RedisConnectionError("refused")
+            return cast(int, await super().hset(*args, **kwargs))
+
+    slow = _Slow.from_url(redis_url, decode_responses=True)
+    sync = _NotOnTheLoop.from_url(redis_url, decode_responses=True)
+    replies = ClusterReplies(sync, slow, prefix, "i0#1", lease_ttl_s=1.0)
+    entry = {"channel": "telegram", "chat_id": "5", "thread_id": None, "text": "done"}
+    replies.keep("reply:1", entry)  # queued: Redis has not answered it yet
+    marking = asyncio.create_task(replies.mark("reply:1", entry | {"unsure": True}))
+    await asyncio.sleep(0.2)
+    assert not marking.done(), "returned before Redis took it"
+    go.set()
+    await asyncio.wait_for(marking, timeout=60)
+    assert _unsure(await aio.hget(f"{prefix}:replies", "reply:1")), "overtaken by the keep"
+    refusing = True
+    with pytest.raises(RedisConnectionError):
+        await asyncio.wait_for(replies.mark("reply:2", entry | {"unsure": True}), timeout=60)
+    await slow.aclose()
+    sync.close()
+
+
+async def test_a_reply_is_not_sent_on_telegram_until_redis_took_its_mark(
+    aio: Redis, redis_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scheduler with the cluster's replies on a real Redis: while Redis refuses the
+    reply's `unsure` mark it is not sent (it went out anyway, and a kill -9 then let the
+    instance taking over post it a second time); once Redis takes it, it is sent, and every
+    send found its mark in Redis first."""
+    prefix = f"t-{uuid.uuid4().hex}"
+    refusing = True
+
+    class _Refusing(Redis):
+        async def hset(self, *args: Any, **kwargs: Any) -> int:  # type: ignore[override]
+            if refusing:
+                raise RedisConnectionError("refused")
+            return cast(int, await super().hset(*args, **kwargs))
+
+    found: list[str | None] = []  # what Redis held for each reply as its request went out
+
+    class _Telegram(AnswerLosingChannel):
+        async def send(
+            self,
+            chat: ChatRef,
+            message: Outgoing,
+            *,
+            idempotency_key: str | None = None,
+            reply_to: ReplyTo | None = None,
+        ) -> str:
+            found.append(await aio.hget(f"{prefix}:replies", idempotency_key or ""))
+            return await super().send(chat, message)
+
+    refused = _Refusing.from_url(redis_url, decode_responses=True)
+    sync = _NotOnTheLoop.from_url(redis_url, decode_responses=True)
+    replies = ClusterReplies(sync, refused, prefix, "i0#1", lease_ttl_s=1.0)
+    channel = _Telegram()
+    store = SqliteStore.in_dir(tmp_path / "state")
+    mono = [1000.0]
+    scheduler = RouteScheduler(
+        {"fake": channel}, store, clock=lambda: mono[0], shared_replies=replies
+    )
+    try:
+        await scheduler.start()
+        scheduler.channel_ready("fake")
+        scheduler.send_reply("fake", ChatRef("5"), text("first"), collapse_key="a")
+        refusal = "the state store did not take the reply's send"
+        await wait_for(lambda: bool(channel.calls) or refusal in caplog.text, "a send or not")
+        assert not channel.calls, "sent while Redis refused its mark"
+        refusing = False
+        mono[0] += 5  # past the backoff
+        scheduler.send_reply("fake", ChatRef("5"), text("second"), collapse_key="b")
+        await wait_for(lambda: len(channel.calls) == 2, "both sent")
+        assert sorted(call[3] for call in channel.calls) == ["first", "second"]
+        assert all(_unsure(stored) for stored in found), found
+        await scheduler.stop()
+    finally:
+        store.close()
+        await refused.aclose()
+        sync.close()
