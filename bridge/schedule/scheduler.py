@@ -1054,12 +1054,21 @@ class RouteScheduler:
         """Its request is about to go out on a platform that cannot deduplicate sends: keep
         it marked `unsure` first, so that a stop or a kill before the answer leaves it unsent
         by the next start (or by the instance taking it over), as a notice is (at most once).
-        When the store did not take the mark, why (it is not sent now)."""
+        When the store did not take the mark, why (it is not sent now), and it stays kept as
+        it was: left marked, the next save of another reply wrote the mark of a reply never
+        sent, and a start after a kill then dropped it."""
         unsure = {**reply.entry, "unsure": True}
         key = reply.idempotency_key
         if self._kept_replies is not None:
+            before = self._kept_replies.get(key)
             self._kept_replies[key] = unsure
-            return None if self._save_replies() else "not saved"
+            if self._save_replies():
+                return None
+            if before is None:
+                del self._kept_replies[key]
+            else:
+                self._kept_replies[key] = before
+            return "not saved"
         if self._shared_replies is not None:
             try:  # in Redis before the request, after the writes of the reply queued earlier
                 await self._shared_replies.mark(key, unsure)
@@ -1131,7 +1140,8 @@ class RouteScheduler:
         assert self._kept_replies is not None
         try:
             self._store.set_cursor(PENDING_REPLIES_CURSOR, json.dumps(self._kept_replies))
-        except Exception as error:  # the reply still goes out; only a stop would lose it
+        except Exception as error:  # a reply kept to be sent still goes out (a stop before
+            # a later save loses it); one whose mark was not taken is not sent now
             log.warning("could not keep the unsent command replies: %s", error)
             return False
         return True

@@ -8,6 +8,7 @@ disabled route not stopping the others, and persistence of resident ids.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -19,6 +20,7 @@ import pytest
 
 from taskcard.bridge.notices.outbox import NoticeOutbox
 from taskcard.bridge.schedule.scheduler import (
+    PENDING_REPLIES_CURSOR,
     LaneKey,
     RouteKey,
     RouteScheduler,
@@ -1264,3 +1266,52 @@ async def test_a_chats_catch_up_is_worked_out_once_per_channel_and_chat(
     await scheduler.stop()
     assert [c[1] for c in channel.calls].count("edit") == 9
     assert channel.send_scopes_of == []
+
+
+async def test_a_reply_whose_mark_the_store_refused_is_not_left_marked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kept command reply on a platform that cannot deduplicate sends is marked unsure in
+    the state before its request goes out. When the store refused the mark the reply was not
+    sent, but it stayed marked in memory: the next save (of another reply) wrote the mark,
+    and a start after a kill then left the reply, never sent, as one that may have been
+    posted. The entry it had is put back. (SQLite keeps a write it could not make for later
+    rather than raising, so this store refuses the kept replies' writes itself.)"""
+    store = SqliteStore.in_dir(tmp_path / "state")
+    refusing = True
+    write = store.set_cursor
+
+    def set_cursor(key: str, value: str) -> None:
+        if refusing and key == PENDING_REPLIES_CURSOR:
+            raise OSError("refused")
+        write(key, value)
+
+    monkeypatch.setattr(store, "set_cursor", set_cursor)
+    channel = AnswerLosingChannel()
+    mono = [1000.0]
+    try:
+        scheduler = RouteScheduler(
+            {"fake": channel}, store, clock=lambda: mono[0], keep_replies=True
+        )
+        await scheduler.start()
+        scheduler.channel_ready("fake")
+        scheduler.send_reply("fake", ChatRef("5"), text("first"), collapse_key="a")
+        refusal = "the state store did not take the reply's send"
+        await wait_for(lambda: bool(channel.calls) or refusal in caplog.text, "a send or not")
+        assert not channel.calls, "sent without its mark"
+        refusing = False
+        scheduler.send_reply("fake", ChatRef("5"), text("second"), collapse_key="b")
+        await wait_for(lambda: len(channel.calls) == 1, "the second sent")
+        kept = json.loads(store.get_cursor(PENDING_REPLIES_CURSOR) or "{}")
+        (first,) = kept.values()
+        assert first["text"] == "first" and "unsure" not in first, "never sent: not unsure"
+        await scheduler.stop()
+        # A start after a kill (the first one's retry still a second away) sends it.
+        again = RouteScheduler({"fake": channel}, store, keep_replies=True)
+        await again.start()
+        again.channel_ready("fake")
+        await wait_for(lambda: len(channel.calls) == 2, "the first sent by the next start")
+        await again.stop()
+    finally:
+        store.close()
+    assert [call[3] for call in channel.calls] == ["second", "first"]
