@@ -907,16 +907,30 @@ def append_whole(fd: int, data: bytes) -> None:
     """Append `data` to the regular file behind `fd` (open with `O_APPEND`) whole, or not
     at all: when the system refuses the rest of it (a full disk, a file size limit), the
     part that went in is cut off again, so no reader sees a torn line, and the error is
-    raised, for the caller to say that nothing was recorded. The cut is made only while that
-    part is still the end of the file (another writer's line appended after it stays)."""
-    before = os.fstat(fd).st_size
+    raised, for the caller to say that nothing was recorded.
+
+    These files have other writers that take no lock (hook processes and the host share
+    `logs/events.jsonl`), so only our own bytes are ever cut, and only while they are still
+    the end of the file: each write's end is where it left the descriptor's offset, and the
+    cut is made only when the file's size is still that end. A size taken before the write
+    proved nothing: a line appended between it and the write was cut off with ours (our
+    record long, theirs short), or hid our torn part (theirs longer than our record). Our
+    part that another line was appended after stays: cutting it would cut theirs."""
+    ours = 0  # our bytes that end the file as far as we know, ending at `end`
+    end = -1
+    view = memoryview(data)
     try:
-        write_all(fd, data)
+        while view:
+            count = os.write(fd, view)
+            view = view[count:]
+            after = os.lseek(fd, 0, os.SEEK_CUR)
+            # Pieces of one record are one run only when nothing came between them.
+            ours = ours + count if after - count == end else count
+            end = after
     except OSError:
         with contextlib.suppress(OSError):
-            after = os.fstat(fd).st_size
-            if before < after < before + len(data):
-                os.ftruncate(fd, before)
+            if ours and os.fstat(fd).st_size == end:
+                os.ftruncate(fd, end - ours)
         raise
 
 
