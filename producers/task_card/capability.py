@@ -276,7 +276,8 @@ class TaskCard:
         try:
             named = given_path(workdir)
             self.workdir = named.resolve()
-            usable = self.workdir.is_dir()
+            # Which folder it is: one moved away and another made at its path is not it.
+            found = os.stat(self.workdir) if self.workdir.is_dir() else None
         except WorkdirError as exc:
             raise WorkdirError(f"workdir: {exc}") from None
         except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long
@@ -289,11 +290,13 @@ class TaskCard:
                 f"workdir: {quoted(str(workdir))} cannot be used ({getattr(exc, 'strerror', exc)});"
                 " give the agent's working directory"
             ) from None
-        if not usable:
+        if found is None:
             raise WorkdirError(
                 f"workdir: {self.workdir} is not a directory; give the agent's working "
                 "directory (create it first)"
             )
+        self._workdir_id = (found.st_dev, found.st_ino)
+        self._workdir_unseen = False  # a look at it failed (and was logged) once
         self.paths = CardPaths(self.workdir)
         # Checked as the command line checks it: a folder inside the workdir, from the
         # argument or the variable, was taken here while every command refused it.
@@ -376,6 +379,29 @@ class TaskCard:
         if parsed.summarize:
             result["summary"] = _summary(result)
         return result
+
+    def workdir_gone(self) -> bool:
+        """True when the workdir this card was made for is no longer at its path: deleted,
+        moved away, or moved away with another folder made in its place (`mv w w.old &&
+        mkdir w`). The last still reads as a folder, but it is not the one whose lock this
+        host holds (the lock moved with the old one), so a watch that went on rendered into
+        it and a host that went on answered calls on it for the moved folder. Any other
+        failure to look (no permission, an I/O error) is not taken for gone: it is logged
+        once and the card goes on; `Path.is_dir` raised it, and an idle host died of it."""
+        try:
+            found = os.stat(self.workdir)
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        except OSError as exc:
+            if not self._workdir_unseen:
+                self._workdir_unseen = True
+                log.warning(
+                    "cannot look at the workdir %s (%s); taking it as still there",
+                    self.workdir,
+                    exc.strerror or exc,
+                )
+            return False
+        return (found.st_dev, found.st_ino) != self._workdir_id
 
     def has_live_watch(self) -> bool:
         with self._lock:
@@ -930,7 +956,7 @@ class TaskCard:
                     return None  # stopped meanwhile: a late body must not revive the card
                 if watch.removed or watch is not self._current:
                     return None  # removed or replaced meanwhile: the card is no longer its own
-                if from_tick and not self.workdir.is_dir():
+                if from_tick and self.workdir_gone():
                     return None  # deleted during the render: a write would create it again
                 if counted:
                     watch.refreshes_used += 1
@@ -1093,7 +1119,7 @@ class TaskCard:
             due = slot_due(origin, watch.interval_s, slot)
             if _wait_until(watch.stop_event, due):
                 return
-            if not self.workdir.is_dir():
+            if self.workdir_gone():
                 self._workdir_gone(watch)
                 return
             try:

@@ -211,10 +211,11 @@ def serve_host(
             reap_orphans()  # a subreaper collects orphans that die between renders
             if card.has_live_watch():
                 server.touch()
-            elif not card.workdir.is_dir():
-                # Deleted or moved away: nothing is left to serve here, and a host waiting out
-                # its grace kept the lock in the moved folder, so every call there failed
-                # ("no task card host answered") for two minutes while its card read active.
+            elif card.workdir_gone():
+                # Deleted or moved away (another folder made in its place is not it): nothing
+                # is left to serve here, and a host waiting out its grace kept the lock in the
+                # moved folder, so every call there failed ("no task card host answered") for
+                # two minutes while its card read active.
                 log.info("task card host exiting: its workdir %s is gone", card.workdir)
                 break
             elif server.idle_for_s() >= idle_grace_s:

@@ -37,3 +37,35 @@ def test_a_host_whose_workdir_moved_ends_and_the_moved_card_resumes(
         assert (moved / "taskcard" / "status").read_text() == "active"
     finally:
         there.shutdown()
+
+
+def test_a_host_whose_workdir_was_moved_and_made_again_ends_and_each_folder_is_served_apart(
+    cli: CliHost, workdir: Path, runtime_dir: Path
+) -> None:
+    # `mv w w.old && mkdir w`: the path still reads as a folder, but not the one whose lock
+    # the host holds. The host went on (its watch rendered on into the new folder), kept the
+    # moved folder's lock and answered calls on the new folder for the moved one.
+    assert cli.run("host", "--detach", "--idle-grace-s", "3600").returncode == 0
+    write_renderer(workdir, "r.py", 'print("# build\\nstep 1")')
+    started = cli.run("card", "start", "r.py", "--interval-s", "1")
+    assert started.returncode == 0, started.stderr
+    pid = cli.host_pid()
+    assert pid is not None
+
+    moved = workdir.with_name(workdir.name + "-moved")
+    workdir.rename(moved)
+    workdir.mkdir()
+
+    wait_for(lambda: not pid_alive(pid), 120)
+    write_renderer(workdir, "r.py", 'print("# deploy\\nstep 1")')
+    fresh = cli.run("card", "start", "r.py", "--interval-s", "1")
+    assert fresh.returncode == 0, fresh.stderr
+    assert cli.host_pid() not in (None, pid)
+    there = CliHost(moved, runtime_dir)
+    try:
+        inspected = there.run("card", "inspect", "tc_1")
+        assert inspected.returncode == 0, inspected.stderr
+        assert inspected.stdout.startswith("inspect: watching (watch tc_1)")
+        assert (moved / "taskcard" / "status").read_text() == "active"
+    finally:
+        there.shutdown()
