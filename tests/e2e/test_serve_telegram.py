@@ -644,6 +644,20 @@ async def test_a_command_from_a_topic_no_route_follows_says_where_the_cards_are(
         assert await serve.aterminate() == 0
 
 
+def _builder_and_tester_in_topics(
+    tmp_path: Path, fake: FakeTelegram, deploy: int, qa: int
+) -> ServeProcess:
+    """`serve` with builder's route in topic `deploy` and tester's in topic `qa` of GROUP."""
+    serve = setup(tmp_path, fake, ["builder", "tester"], [])
+    config = tmp_path / "taskcard.toml"
+    for thread, agent in ((deploy, "builder"), (qa, "tester")):
+        topic = (
+            f'[[telegram.routes]]\nchat_id = {GROUP}\nthread_id = {thread}\nagents = ["{agent}"]\n'
+        )
+        config.write_text(config.read_text() + topic)
+    return serve
+
+
 async def test_the_topics_that_have_cards_are_named_by_their_names(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
@@ -656,13 +670,7 @@ async def test_the_topics_that_have_cards_are_named_by_their_names(
     deploy = fake.create_topic(GROUP, hostile)
     qa = fake.create_topic(GROUP, "QA", announced=False)  # opened before the bot was there
     lobby = fake.create_topic(GROUP, "Lobby")
-    serve = setup(tmp_path, fake, ["builder", "tester"], [])
-    config = tmp_path / "taskcard.toml"
-    for thread, agent in ((deploy, "builder"), (qa, "tester")):
-        topic = (
-            f'[[telegram.routes]]\nchat_id = {GROUP}\nthread_id = {thread}\nagents = ["{agent}"]\n'
-        )
-        config.write_text(config.read_text() + topic)
+    serve = _builder_and_tester_in_topics(tmp_path, fake, deploy, qa)
 
     def answers(thread: int | None) -> list[str]:
         return [m.text for m in fake.bot_messages(GROUP, thread) if m.thread_id == thread]
@@ -700,13 +708,7 @@ async def test_topic_names_outlive_a_restart_and_show_in_chats(
     deploy = fake.create_topic(GROUP, "Deploy\x07 @alice")
     qa = fake.create_topic(GROUP, "QA")
     lobby = fake.create_topic(GROUP, "Lobby")
-    serve = setup(tmp_path, fake, ["builder", "tester"], [])
-    config = tmp_path / "taskcard.toml"
-    for thread, agent in ((deploy, "builder"), (qa, "tester")):
-        topic = (
-            f'[[telegram.routes]]\nchat_id = {GROUP}\nthread_id = {thread}\nagents = ["{agent}"]\n'
-        )
-        config.write_text(config.read_text() + topic)
+    serve = _builder_and_tester_in_topics(tmp_path, fake, deploy, qa)
 
     def answers(thread: int | None) -> list[str]:
         return [m.text for m in fake.bot_messages(GROUP, thread) if m.thread_id == thread]
@@ -719,7 +721,7 @@ async def test_topic_names_outlive_a_restart_and_show_in_chats(
         fake.inject_command(GROUP, "/taskcard", thread_id=qa)
         await eventually(lambda: answers(qa), what="the QA topic's answer")
         assert await serve.aterminate() == 0
-    again = ServeProcess(config, env={"TC_TEST_TOKEN": fake.token})
+    again = ServeProcess(serve.config, env={"TC_TEST_TOKEN": fake.token})
     with again:
         await eventually(lambda: "channel telegram ready" in again.logs, what="the restart")
         # Its message replies to the one that opened the topic, named "QA": the rename stays.
@@ -732,11 +734,11 @@ async def test_topic_names_outlive_a_restart_and_show_in_chats(
             ' topic "QA nightly". For cards here'
         ), first
         assert await again.aterminate() == 0
-    listed = run_cli("chats", "--config", str(config), "--json")
+    listed = run_cli("chats", "--config", str(serve.config), "--json")
     assert listed.returncode == 0, listed.stderr
     topics = {row["thread_id"]: row["topic"] for row in json.loads(listed.stdout)}
     assert topics == {str(qa): "QA nightly", str(lobby): "Lobby"}, topics
-    table = run_cli("chats", "--config", str(config))
+    table = run_cli("chats", "--config", str(serve.config))
     assert f'{lobby} "Lobby"' in table.stdout and f'{qa} "QA nightly"' in table.stdout, table
 
 
