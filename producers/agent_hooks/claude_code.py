@@ -17,10 +17,12 @@ Mapping (hook event -> activity kinds):
   `interrupted`, `text` "turn interrupted"): `Stop` does not fire after an interrupt. It
   is not counted for reminders (parallel calls each report it).
 - `Notification` of a permission prompt, and `PermissionRequest` (the dialog is about to be
-  shown) -> `wait.start` reason `permission`; of an input prompt (idle prompt, elicitation
-  dialog), and `Elicitation` (an MCP server asks the person for input) -> `wait.start` reason
-  `input`; an answered elicitation (`elicitation_response`, `elicitation_complete`) ends an
-  input wait; other notifications change nothing. The wait also ends with the next event
+  shown) -> `wait.start` reason `permission`; of an input prompt (idle prompt, an MCP
+  server's elicitation form or its request to open a URL in the browser), and `Elicitation`
+  (an MCP server asks the person for input) -> `wait.start` reason `input`; an answered
+  elicitation (`elicitation_response`, `elicitation_complete`) ends an input wait; other
+  notifications change nothing (`agent_needs_input` and `agent_completed` are about a
+  background session, not the one whose event it is). The wait also ends with the next event
   of that session that shows it moved on (`MOVING_EVENTS`: a tool's start or end, a prompt,
   a stop, `PermissionDenied`, `ElicitationResult`, ...); an event that can fire while the
   dialog is still open (`ConfigChange`, `FileChanged`, a background subagent's start or stop,
@@ -69,7 +71,9 @@ Event = tuple[str, dict[str, Any]]
 # Events after which Claude Code reads `hookSpecificOutput.additionalContext`.
 CONTEXT_EVENTS: Final = frozenset({"UserPromptSubmit", "PostToolUse"})
 TRANSCRIPT_TAIL_BYTES: Final = 4_000_000
-_INPUT_PROMPTS: Final = frozenset({"idle_prompt", "elicitation_dialog"})
+# Prompts that wait on the person's input: the idle prompt, an MCP server's elicitation form,
+# and its request to open a URL (`elicitation_url_dialog`, for a browser sign-in).
+_INPUT_PROMPTS: Final = frozenset({"idle_prompt", "elicitation_dialog", "elicitation_url_dialog"})
 # Notifications that the person answered an elicitation dialog (form or URL): its wait is over.
 _INPUT_ANSWERED: Final = frozenset({"elicitation_response", "elicitation_complete"})
 # Events that start a wait on a person, and its reason.

@@ -397,6 +397,23 @@ def test_an_answered_elicitation_notification_ends_the_input_wait(workdir: Path)
     assert state_of(workdir) == "waiting"
 
 
+def test_a_url_elicitation_notification_waits_for_the_person(workdir: Path) -> None:
+    # The hooks reference lists `elicitation_url_dialog`: an MCP server asks the person to open
+    # a URL in the browser (a sign-in) and the session waits for them, as for its form. It
+    # was read as an unrelated notification, so the card went on showing the agent at work.
+    def notification(kind: str) -> dict[str, object]:
+        return payload("06_notification_permission.json", workdir, notification_type=kind)
+
+    hook(payload("02_user_prompt_submit.json", workdir))
+    hook(notification("elicitation_url_dialog"))
+    assert kinds(workdir) == ["turn.start", "wait.start"]
+    assert events(workdir)[-1]["reason"] == "input"
+    assert state_of(workdir) == "idle"  # the agent waits for the person's input
+    hook(notification("elicitation_complete"))
+    assert kinds(workdir)[-1] == "wait.end"
+    assert state_of(workdir) == "running"
+
+
 def test_an_absurd_token_count_in_the_transcript_still_ends_the_turn(workdir: Path) -> None:
     """The activity log refuses counts past 10**15 (the service reads them as unknown), so
     the hook caps them: the turn's `usage` and `turn.end` are both written."""
