@@ -137,6 +137,9 @@ def test_decide(
         ({"message": "Claude is waiting for your input"}, "input"),
         ({"message": "Something else"}, None),
         ({"notification_type": "elicitation_dialog"}, "input"),
+        ({"notification_type": "elicitation_url_dialog"}, "input"),
+        # About a background session, not the one whose event this is.
+        ({"notification_type": "agent_needs_input"}, None),
     ],
 )
 def test_wait_reason(payload: dict[str, Any], reason: str | None) -> None:
