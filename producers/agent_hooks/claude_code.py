@@ -7,7 +7,10 @@ Mapping (hook event -> activity kinds):
   turn, and an `agent.start` there would drop the running turn (the card read "at prompt").
   Nor a `SessionEnd` with reason `clear` or `resume`: `/clear` and an interactive `/resume`
   end the conversation, not the process, and a `SessionStart` (source `clear` / `resume`)
-  follows; an `agent.exit` would tell the chats the agent exited without a report.
+  follows; an `agent.exit` would tell the chats the agent exited without a report. Any other
+  source (`startup`, `resume`, `clear`, `fork`) starts a session; when other sessions are
+  live in the workdir (a `/fork` copy, a background session), `sessions.merge` writes the
+  events of each so that the card reads as one agent.
 - `UserPromptSubmit` -> `turn.start`.
 - `PreToolUse` -> `tool.start` (call_id = `tool_use_id`, name = `tool_name`); no summary, as
   a tool's input may hold secrets. A name is cut to 256 characters, an id over 128 is

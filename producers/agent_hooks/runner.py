@@ -16,6 +16,7 @@ import json
 import os
 import re
 import stat
+import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -24,6 +25,7 @@ from typing import Any, Final
 
 from taskcard.producers.agent_hooks.claude_code import (
     TURN_END_EVENTS,
+    Event,
     HookDecision,
     bounded_id,
     decide,
@@ -41,6 +43,7 @@ from taskcard.producers.agent_hooks.inbox_hook import Delivery, Handover, steer
 from taskcard.producers.agent_hooks.inbox_hook import output as inbox_output
 from taskcard.producers.agent_hooks.inbox_hook import take as take_inbox
 from taskcard.producers.agent_hooks.payload_json import read_json
+from taskcard.producers.agent_hooks.sessions import SESSIONS_FILE, merge
 from taskcard.producers.task_card.activity_log import append_event, event_record
 from taskcard.producers.task_card.contract import (
     ORIGIN_FORMS,
@@ -90,12 +93,16 @@ _TURNS_KEPT_FOR: Final = (
 _USAGE_KEPT_FOR: Final = (
     "the record of its turn's tokens (a later stop of the turn may count them again)"
 )
+_SESSIONS_KEPT_FOR: Final = (
+    "the record of the workdir's live sessions (another session's card may be reset or ended)"
+)
 MAX_SESSIONS: Final = 64
 CLAUDE_CONSUMER: Final = "claude-code"
 ORIGIN_ENV: Final = "TASKCARD_ORIGIN"
 _SESSION = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 Clock = Callable[[], str]
+Beside = Callable[[list[Event], Mapping[str, str]], list[Event]]
 
 
 class HookInputError(ValueError):
@@ -367,9 +374,11 @@ def _record(
     make: Callable[[str | None], HookDecision],
     env: Mapping[str, str],
     clock: Clock,
+    beside: Beside | None = None,
 ) -> HookDecision:
     """`make`'s decision for the session's open wait, with the wait kept and the events
-    appended, all under the waits lock.
+    appended, all under the waits lock; `beside` (given the events and every session's open
+    wait) makes them what the card is to see beside the workdir's other sessions.
 
     A waits file or lock that cannot be used (a folder or a link planted at its name) costs
     only the bookkeeping of waits (`_locked_map`): the events are still written (they were
@@ -380,8 +389,23 @@ def _record(
             waits.pop(key, None)
         else:
             waits[key] = decision.waiting
-        _append(paths, with_origin(decision.events, paths, env), clock)
+        events = with_origin(decision.events, paths, env)
+        if beside is not None:
+            events = beside(events, waits)
+        _append(paths, events, clock)
     return decision
+
+
+def _beside_other_sessions(paths: CardPaths, key: str, ended: bool) -> Beside:
+    """The step of `_record` that writes a Claude Code session's events beside the other
+    sessions live in the workdir (`sessions.merge`), keeping their record under its lock.
+    A record that cannot be used costs only itself: the events are written as they are."""
+
+    def beside(events: list[Event], waits: Mapping[str, str]) -> list[Event]:
+        with _locked_map(paths, SESSIONS_FILE, _SESSIONS_KEPT_FOR) as sessions:
+            return merge(events, key, ended, sessions, waits, int(time.time()))
+
+    return beside
 
 
 def _turn_key(thread: object, turn_id: object) -> str | None:
@@ -534,6 +558,7 @@ def claude_code(
             lambda waiting: steer(name, decide(payload, waiting, usage), inbox.messages),
             env,
             clock,
+            _beside_other_sessions(paths, key, ended=name == "SessionEnd" and main),
         )
         if decision.completed_turn:
             _count_turn(paths)

@@ -1,0 +1,152 @@
+"""Several Claude Code sessions in one workdir (a `/fork` copy, `/branch`, a background
+session) and stops that wait on background work, driven as Claude Code drives the hook."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from taskcard.bridge.track.activity import ActivityTracker
+from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.turns import completed_turns
+
+from .conftest import events, hook, kinds, run_taskcard
+
+SESSIONS = Path("logs") / ".taskcard-hook-sessions.json"
+
+
+def send(workdir: Path, session: object, name: str, **fields: object) -> None:
+    data: dict[str, Any] = {"cwd": str(workdir), "hook_event_name": name, **fields}
+    if session is not None:
+        data["session_id"] = session
+    done = hook(json.dumps(data).encode())
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b""), name
+
+
+def state_of(workdir: Path) -> str:
+    """The agent state the service reads from the activity log, now."""
+    tracker = ActivityTracker()
+    for line in (workdir / "logs" / "events.jsonl").read_bytes().splitlines():
+        tracker.feed(line)
+    return tracker.summary(datetime.now(UTC), no_output_after_s=600).state
+
+
+def test_a_fork_neither_resets_nor_ends_the_card_of_the_session_at_work(workdir: Path) -> None:
+    # The order a real host sends: the main session starts and works, `/fork` starts a
+    # background copy in the same workdir, both work, the fork ends, then the main.
+    send(workdir, "main", "SessionStart", source="startup")
+    send(workdir, "main", "UserPromptSubmit", prompt="refactor the parser")
+    send(workdir, "main", "PreToolUse", tool_name="Bash", tool_use_id="t1", tool_input={})
+    send(workdir, "fork", "SessionStart", source="fork")
+    assert kinds(workdir) == ["agent.start", "turn.start", "tool.start"]  # no reset
+    assert state_of(workdir) == "running"
+    send(workdir, "fork", "UserPromptSubmit", prompt="and write the docs")
+    send(workdir, "fork", "PreToolUse", tool_name="Edit", tool_use_id="f1", tool_input={})
+    send(workdir, "fork", "PostToolUse", tool_name="Edit", tool_use_id="f1", tool_input={})
+    send(workdir, "fork", "Stop", stop_hook_active=False)
+    # The fork's turn ended while the main's goes on: the card still reads busy.
+    assert "turn.end" not in kinds(workdir)
+    assert state_of(workdir) == "running"
+    send(workdir, "main", "PostToolUse", tool_name="Bash", tool_use_id="t1", tool_input={})
+    send(workdir, "fork", "SessionEnd", reason="other")
+    assert "agent.exit" not in kinds(workdir)  # the main works on
+    send(workdir, "main", "Stop", stop_hook_active=False)
+    assert kinds(workdir)[-1] == "turn.end"
+    assert state_of(workdir) == "idle"
+    send(workdir, "main", "SessionEnd", reason="prompt_input_exit")
+    assert kinds(workdir)[-1] == "agent.exit"  # the last live session: the agent exited
+    assert state_of(workdir) == "exited"
+    # Both completed turns count for the reminders.
+    assert completed_turns(CardPaths(workdir)) == 2
+    assert json.loads((workdir / SESSIONS).read_text()) == {}
+
+
+def test_the_card_waits_while_one_session_waits_on_a_person(workdir: Path) -> None:
+    send(workdir, "main", "SessionStart", source="startup")
+    send(workdir, "fork", "SessionStart", source="fork")
+    send(workdir, "main", "UserPromptSubmit", prompt="deploy")
+    send(workdir, "main", "PermissionRequest", tool_name="Bash", tool_input={})
+    assert state_of(workdir) == "waiting"
+    # The fork's turn neither clears the main's wait nor ends the card's turn.
+    send(workdir, "fork", "UserPromptSubmit", prompt="look around")
+    send(workdir, "fork", "PreToolUse", tool_name="Read", tool_use_id="f1", tool_input={})
+    send(workdir, "fork", "PostToolUse", tool_name="Read", tool_use_id="f1", tool_input={})
+    send(workdir, "fork", "Stop", stop_hook_active=False)
+    assert state_of(workdir) == "waiting"
+    # The fork idle at its prompt does not make the busy card idle either.
+    send(workdir, "main", "PostToolUse", tool_name="Bash", tool_use_id="b1", tool_input={})
+    assert state_of(workdir) == "running"
+    send(workdir, "fork", "Notification", notification_type="idle_prompt", message="waiting")
+    assert state_of(workdir) == "running"
+    send(workdir, "main", "Stop", stop_hook_active=False)
+    assert state_of(workdir) == "idle"
+
+
+def test_a_second_sessions_turn_keeps_the_chats_origin(workdir: Path) -> None:
+    send(workdir, "main", "SessionStart", source="startup")
+    send(workdir, "main", "UserPromptSubmit", prompt="work")
+    data = {"session_id": "fork", "cwd": str(workdir), "hook_event_name": "UserPromptSubmit"}
+    env = {**os.environ, "TASKCARD_ORIGIN": "telegram:12345"}
+    done = run_taskcard("hook", "claude-code", stdin=json.dumps(data), env=env)
+    assert done.returncode == 0, done.stderr
+    assert events(workdir)[-1] == {**events(workdir)[-1], "kind": "turn.origin"}
+    assert events(workdir)[-1]["origin"] == "telegram:12345"
+
+
+def test_a_session_silent_for_hours_no_longer_holds_the_card(workdir: Path) -> None:
+    # A fork killed before its SessionEnd: after STALE_AFTER_S it counts no more.
+    (workdir / "logs").mkdir()
+    old = int(time.time()) - 7 * 3600
+    (workdir / SESSIONS).write_text(json.dumps({"killed": f"open {old}"}))
+    send(workdir, "main", "SessionStart", source="startup")
+    send(workdir, "main", "UserPromptSubmit", prompt="go")
+    send(workdir, "main", "Stop")
+    send(workdir, "main", "SessionEnd", reason="logout")
+    assert kinds(workdir) == ["agent.start", "turn.start", "turn.end", "agent.exit"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b'{"other": "open 12", "x": 5, "y": "open 99999999999999999999"}',
+        b"[1, 2]",
+        b'{"big": "' + b"x" * 200_000 + b'"}',
+    ],
+    ids=["corrupt", "odd-values", "not-a-map", "huge"],
+)
+def test_a_broken_sessions_file_is_rebuilt_and_never_fails_the_hook(
+    workdir: Path, content: bytes
+) -> None:
+    (workdir / "logs").mkdir()
+    (workdir / SESSIONS).write_bytes(content)
+    send(workdir, "main", "SessionStart", source="startup")
+    send(workdir, "fork", "SessionStart", source="fork")
+    send(workdir, "fork", "SessionEnd", reason="other")
+    assert kinds(workdir) == ["agent.start"]
+    assert list(json.loads((workdir / SESSIONS).read_text())) == ["main"]
+    assert not (workdir / "logs" / "taskcard-hook.log").exists()
+
+
+def test_payloads_without_a_usable_session_id_count_as_one_session(workdir: Path) -> None:
+    send(workdir, "main", "SessionStart", source="startup")
+    for odd in (None, 42, ["a"], "x" * 500, "bad id\n"):
+        send(workdir, odd, "SessionStart", source="fork")
+    assert kinds(workdir) == ["agent.start"]
+    send(workdir, None, "SessionEnd", reason="other")
+    send(workdir, "main", "SessionEnd", reason="other")
+    assert kinds(workdir) == ["agent.start", "agent.exit"]
+    assert not (workdir / "logs" / "taskcard-hook.log").exists()
+
+
+def test_many_sessions_keep_the_record_bounded(workdir: Path) -> None:
+    for index in range(70):
+        send(workdir, f"s{index}", "SessionStart", source="fork")
+    kept = json.loads((workdir / SESSIONS).read_text())
+    assert len(kept) == 64 and "s69" in kept and "s0" not in kept
