@@ -41,6 +41,14 @@ Mapping (hook event -> activity kinds):
   counts only that part). Whether Claude goes on again depends on the answers to this very
   event, as at any stop, so it ends the turn too (a tool call after it starts the next);
   the turn counted for reminders at its first stop already.
+  A `Stop` whose `background_tasks` (running ones) or `session_crons` is not empty is not
+  the end of the turn: the session pauses until its own background work (a shell, a
+  subagent, a scheduled prompt) wakes it. It writes `usage` and `text` "working in the
+  background (<n> tasks, <n> scheduled prompts)", no `turn.end`: the card reads running
+  (then unknown when silent for long), never idle, and the idle signal never says the turn
+  was declared finished (its silence notice still comes, as for any quiet turn; the
+  "waiting" state is not used, as it reads "waiting for a person"). Nor does it count for
+  reminders; the stop that ends the turn does.
 - `StopFailure` (the turn ended in an API error; `Stop` does not fire then) -> `usage` as for
   `Stop`, `turn.end` with `error` (the error's category, one word, for the idle signal), then
   `text` "turn failed (<error>): <error_details>", one short line (the card redacts it like
@@ -112,6 +120,9 @@ TURN_END_EVENTS: Final = frozenset({"Stop", "StopFailure"})
 # and an interactive `/resume` that switches to another conversation.
 _SWITCHES: Final = frozenset({"clear", "resume"})
 FAILURE_TEXT_CHARS: Final = 200
+# A background task's `status` once it is over (the host lists running ones; an older one
+# may list others).
+_FINISHED_TASKS: Final = frozenset({"completed", "failed", "killed", "stopped", "cancelled"})
 
 
 @dataclass(frozen=True)
@@ -187,6 +198,33 @@ def failure_text(payload: Mapping[str, Any]) -> str:
             kept = kept[: kept.rfind(" ")]
         flat = kept.rstrip() + " …"
     return flat if not subagent(payload) else f"a subagent's {flat}"
+
+
+def _count_of(value: object, skip_finished: bool = False) -> int:
+    """The entries of a `background_tasks` / `session_crons` list (objects only), without
+    the tasks whose `status` says they are over."""
+    if not isinstance(value, list):
+        return 0
+    return sum(
+        1
+        for entry in value
+        if isinstance(entry, dict)
+        and not (skip_finished and entry.get("status") in _FINISHED_TASKS)
+    )
+
+
+def background_text(payload: Mapping[str, Any]) -> str | None:
+    """The line for a `Stop` that pauses the session for its own background work (a shell
+    or a subagent still running, a scheduled prompt of the session to come): the turn goes
+    on when that work wakes it. None for a stop with no such work."""
+    tasks = _count_of(payload.get("background_tasks"), skip_finished=True)
+    crons = _count_of(payload.get("session_crons"))
+    parts = [
+        f"{count} {word}{'' if count == 1 else 's'}"
+        for count, word in ((tasks, "task"), (crons, "scheduled prompt"))
+        if count
+    ]
+    return f"working in the background ({', '.join(parts)})" if parts else None
 
 
 def wait_reason_of(waiting: str) -> str:
@@ -283,12 +321,15 @@ def decide(
     elif name in TURN_END_EVENTS and main:
         if usage is not None:
             events.append(("usage", {"input_tokens": usage[0], "output_tokens": usage[1]}))
+        background = background_text(payload) if name == "Stop" else None
         if name == "StopFailure":
             events.append(("turn.end", {"error": error_category(payload)}))
             events.append(("text", {"text": failure_text(payload)}))
+        elif background is not None:  # paused for its own work: the turn is not done
+            events.append(("text", {"text": background}))
         else:
             events.append(("turn.end", {}))
-        completed = payload.get("stop_hook_active") is not True
+        completed = payload.get("stop_hook_active") is not True and background is None
     elif name == "StopFailure":
         events.append(("text", {"text": failure_text(payload)}))
     elif name == "PreCompact":

@@ -150,3 +150,46 @@ def test_many_sessions_keep_the_record_bounded(workdir: Path) -> None:
         send(workdir, f"s{index}", "SessionStart", source="fork")
     kept = json.loads((workdir / SESSIONS).read_text())
     assert len(kept) == 64 and "s69" in kept and "s0" not in kept
+
+
+SHELL_TASK = {
+    "id": "b1",
+    "type": "shell",
+    "status": "running",
+    "description": "run the test suite",
+    "command": "make test",
+}
+
+
+def test_a_stop_waiting_on_its_background_work_is_not_the_end_of_the_turn(
+    workdir: Path,
+) -> None:
+    # A Stop that lists running background work pauses the session until that work wakes
+    # it: it read as a finished turn (idle), and the idle signal nudged the chats.
+    send(workdir, "main", "SessionStart", source="startup")
+    send(workdir, "main", "UserPromptSubmit", prompt="run the suite in the background")
+    send(workdir, "main", "Stop", stop_hook_active=False, background_tasks=[SHELL_TASK])
+    assert "turn.end" not in kinds(workdir)
+    assert events(workdir)[-1]["text"] == "working in the background (1 task)"
+    assert state_of(workdir) == "running"
+    assert completed_turns(CardPaths(workdir)) == 0
+    send(workdir, "main", "Stop", background_tasks=[], session_crons=[{"id": "c1"}] * 2)
+    assert events(workdir)[-1]["text"] == "working in the background (2 scheduled prompts)"
+    # The work is done and wakes the session; its last stop lists none (a finished one
+    # listed by an older host does not count) and ends the turn.
+    send(workdir, "main", "PreToolUse", tool_name="Bash", tool_use_id="t2", tool_input={})
+    send(workdir, "main", "PostToolUse", tool_name="Bash", tool_use_id="t2", tool_input={})
+    done = {**SHELL_TASK, "status": "completed"}
+    send(workdir, "main", "Stop", background_tasks=[done], session_crons=[])
+    assert kinds(workdir)[-1] == "turn.end"
+    assert state_of(workdir) == "idle"
+    assert completed_turns(CardPaths(workdir)) == 1
+
+
+@pytest.mark.parametrize("odd", ["shell", {"id": "b1"}, [1, "x", None], None])
+def test_background_fields_of_another_shape_end_the_turn_as_before(
+    workdir: Path, odd: object
+) -> None:
+    send(workdir, "main", "UserPromptSubmit", prompt="go")
+    send(workdir, "main", "Stop", background_tasks=odd, session_crons=odd)
+    assert kinds(workdir) == ["turn.start", "turn.end"]
