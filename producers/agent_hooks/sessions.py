@@ -37,6 +37,8 @@ from taskcard.producers.agent_hooks.claude_code import Event, wait_reason_of
 
 SESSIONS_FILE: Final = ".taskcard-hook-sessions.json"
 STALE_AFTER_S: Final = 6 * 3600
+# How often a live session's record is written again while nothing else about it changes.
+_REFRESH_S: Final = 60
 _OPEN: Final = "open"
 _IDLE: Final = "idle"
 # The reason of a wait that asks the person for a decision, not for the next prompt.
@@ -92,8 +94,12 @@ def merge(
         if kind == "wait.end" and others_deciding:
             continue
         kept.append((kind, fields))
-    sessions.pop(key, None)  # re-added last: the newest are kept
-    if not ended:
+    before = live.get(key)
+    if ended:
+        sessions.pop(key, None)
+    elif before is None or before[0] != is_open or now - before[1] >= _REFRESH_S:
+        # Written when it changes, or to say it is still live: not at every tool call.
+        sessions.pop(key, None)  # re-added last: the newest are kept
         sessions[key] = f"{_OPEN if is_open else _IDLE} {now}"
     return kept
 
