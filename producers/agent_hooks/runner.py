@@ -396,14 +396,17 @@ def _record(
     return decision
 
 
-def _beside_other_sessions(paths: CardPaths, key: str, ended: bool) -> Beside:
-    """The step of `_record` that writes a Claude Code session's events beside the other
-    sessions live in the workdir (`sessions.merge`), keeping their record under its lock.
-    A record that cannot be used costs only itself: the events are written as they are."""
+def _beside_other_sessions(paths: CardPaths, key: str, name: object, payload: Any) -> Beside:
+    """The step of `_record` that writes a Claude Code session's events (its hook event
+    `name`) beside the other sessions live in the workdir (`sessions.merge`), keeping their
+    record under its lock. A record that cannot be used costs only itself: the events are
+    written as they are."""
+    ended = name == "SessionEnd"
+    afresh = name == "SessionStart" and payload.get("source") not in ("fork", "compact")
 
     def beside(events: list[Event], waits: Mapping[str, str]) -> list[Event]:
         with _locked_map(paths, SESSIONS_FILE, _SESSIONS_KEPT_FOR) as sessions:
-            return merge(events, key, ended, sessions, waits, int(time.time()))
+            return merge(events, key, ended, sessions, waits, int(time.time()), afresh)
 
     return beside
 
@@ -558,7 +561,7 @@ def claude_code(
             lambda waiting: steer(name, decide(payload, waiting, usage), inbox.messages),
             env,
             clock,
-            _beside_other_sessions(paths, key, ended=name == "SessionEnd" and main),
+            _beside_other_sessions(paths, key, name if main else None, payload),
         )
         if decision.completed_turn:
             _count_turn(paths)

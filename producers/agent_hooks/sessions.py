@@ -22,6 +22,11 @@ heard from), and write each session's events so that the card tells the truth ab
   closes with its `turn.end`; its `SessionEnd` (any reason) removes it. A session not heard
   from for `STALE_AFTER_S` is taken as gone (a process killed before its `SessionEnd`) and
   counts no more; its next event makes it live again.
+- A session that starts afresh (a `SessionStart` of any source but `fork`, or `compact`,
+  which goes on in the same session) takes the place of every session known before it: the
+  one it replaces ended by `/clear` or was killed before its `SessionEnd` (a crash, a
+  restart), and kept as live its open turn would hold the new session's card at "running"
+  for hours. A session still at work is live again at its next event.
 
 A payload without a usable `session_id` counts as one session of its own (`-`). A record that
 cannot be read (a corrupt or oversized file, a value of another shape) is dropped and the
@@ -64,11 +69,17 @@ def merge(
     sessions: MutableMapping[str, str],
     waits: Mapping[str, str],
     now: int,
+    afresh: bool = False,
 ) -> list[Event]:
     """`events` of session `key` as the card is to see them beside the other live sessions
     (see the module's rules), and `sessions` updated: `key` heard from now, or removed when
-    `ended` (its `SessionEnd`). Records that are not live are removed."""
-    live = {name: parsed for name, record in sessions.items() if (parsed := _parse(record, now))}
+    `ended` (its `SessionEnd`). Records that are not live are removed, and when the session
+    starts `afresh`, every other."""
+    live = {
+        name: parsed
+        for name, record in sessions.items()
+        if (not afresh or name == key) and (parsed := _parse(record, now))
+    }
     for name in [name for name in sessions if name not in live]:
         del sessions[name]
     others = {name: is_open for name, (is_open, _) in live.items() if name != key}

@@ -101,14 +101,33 @@ def test_a_second_sessions_turn_keeps_the_chats_origin(workdir: Path) -> None:
 
 def test_a_session_silent_for_hours_no_longer_holds_the_card(workdir: Path) -> None:
     # A fork killed before its SessionEnd: after STALE_AFTER_S it counts no more.
-    (workdir / "logs").mkdir()
-    old = int(time.time()) - 7 * 3600
-    (workdir / SESSIONS).write_text(json.dumps({"killed": f"open {old}"}))
     send(workdir, "main", "SessionStart", source="startup")
+    old = int(time.time()) - 7 * 3600
+    live = json.loads((workdir / SESSIONS).read_text())
+    (workdir / SESSIONS).write_text(json.dumps({**live, "killed": f"open {old}"}))
     send(workdir, "main", "UserPromptSubmit", prompt="go")
     send(workdir, "main", "Stop")
     send(workdir, "main", "SessionEnd", reason="logout")
     assert kinds(workdir) == ["agent.start", "turn.start", "turn.end", "agent.exit"]
+
+
+@pytest.mark.parametrize("source", ["startup", "resume", "clear"])
+def test_a_session_started_afresh_takes_the_place_of_one_killed_mid_turn(
+    workdir: Path, source: str
+) -> None:
+    # Claude Code killed in a turn (no SessionEnd), then started again: the new session's
+    # card starts afresh and its stop reads idle, not "running" for hours.
+    send(workdir, "old", "SessionStart", source="startup")
+    send(workdir, "old", "UserPromptSubmit", prompt="work")
+    send(workdir, "old", "PreToolUse", tool_name="Bash", tool_use_id="t1", tool_input={})
+    send(workdir, "new", "SessionStart", source=source)
+    send(workdir, "new", "UserPromptSubmit", prompt="go on")
+    send(workdir, "new", "Stop", stop_hook_active=False)
+    assert kinds(workdir)[3:] == ["agent.start", "turn.start", "turn.end"]
+    assert state_of(workdir) == "idle"
+    send(workdir, "new", "SessionEnd", reason="prompt_input_exit")
+    assert kinds(workdir)[-1] == "agent.exit"
+    assert state_of(workdir) == "exited"
 
 
 @pytest.mark.parametrize(
