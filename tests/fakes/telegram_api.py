@@ -524,7 +524,16 @@ class FakeTelegram:
         return self._push_update({"message": edited})
 
     def delete_topic(self, chat_id: int | str, thread_id: int) -> None:
-        self._deleted_topics.add((int(chat_id), thread_id))
+        """An administrator deletes forum topic `thread_id`: Telegram deletes its messages
+        with it (the bot's too), so editing, deleting or pinning one is refused as for any
+        deleted message ("message to edit not found"), and posting in the topic is refused
+        ("message thread not found")."""
+        chat = int(chat_id)
+        self._deleted_topics.add((chat, thread_id))
+        self._topics.pop((chat, thread_id), None)
+        for stored in self._chats.get(chat, {}).values():
+            if stored.thread_id == thread_id:
+                stored.deleted = True
 
     def fail_next(
         self,

@@ -314,3 +314,25 @@ async def test_a_topic_is_named_as_telegram_names_it() -> None:
         assert said["reply_to_message"] == opened
         assert renamed["forum_topic_edited"] == {"name": "Deploy v2"}
         assert renamed["message_thread_id"] == thread
+
+
+async def test_a_deleted_topics_messages_go_with_it() -> None:
+    # Telegram deletes a forum topic's messages with the topic: the bot's message there can
+    # no longer be edited, and nothing more can be posted in the topic.
+    async with FakeTelegram() as fake:
+        thread = fake.create_topic(-100, "Deploy")
+        status, sent = await _call(
+            fake, "sendMessage", chat_id=-100, message_thread_id=thread, text="card"
+        )
+        assert status == 200
+        fake.delete_topic(-100, thread)
+        message_id = sent["result"]["message_id"]
+        status, body = await _call(
+            fake, "editMessageText", chat_id=-100, message_id=message_id, text="card 2"
+        )
+        assert (status, body["description"]) == (400, EDIT_NOT_FOUND)
+        status, body = await _call(
+            fake, "sendMessage", chat_id=-100, message_thread_id=thread, text="again"
+        )
+        assert (status, body["description"]) == (400, "Bad Request: message thread not found")
+        assert fake.messages(-100, thread) == []
