@@ -24,7 +24,7 @@ import pstats
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from taskcard.channels.base import CardView, ChatRef, IncomingCommand, Outgoing
@@ -52,6 +52,10 @@ class _Cursors:
 
     def set_cursor(self, key: str, value: str) -> None:
         self.values[key] = value
+
+    def delete_cursors(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.values.pop(key, None)
 
 
 async def _ignore(command: IncomingCommand) -> None:

@@ -18,7 +18,7 @@ import json
 import re
 import unicodedata
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Final, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
@@ -796,6 +796,11 @@ class CursorStore(Protocol):
     def get_cursor(self, key: str) -> str | None: ...
 
     def set_cursor(self, key: str, value: str) -> None: ...
+
+    def delete_cursors(self, keys: Iterable[str]) -> None:
+        """Forget these values (`get_cursor` gives None for them after); unknown keys are
+        ignored."""
+        ...
 
 
 class Channel(ABC):

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import redis
 from redis.asyncio import Redis
@@ -217,6 +217,10 @@ class FencedCursors:
 
     def get_cursor(self, key: str) -> str | None:
         return self._inner.get_cursor(key)
+
+    def delete_cursors(self, keys: Iterable[str]) -> None:
+        """Only others than the fenced one: the offset is the lease holder's to write."""
+        self._inner.delete_cursors(key for key in keys if key != self._fenced_key)
 
     def set_cursor(self, key: str, value: str) -> None:
         if key != self._fenced_key:

@@ -46,7 +46,13 @@ from taskcard.channels.telegram.commands import (
     moved_command,
 )
 from taskcard.channels.telegram.config import TelegramConfig
-from taskcard.channels.telegram.errors import ChatUpgraded, ParseEntitiesFailed, translate
+from taskcard.channels.telegram.errors import (
+    ChatGone,
+    ChatUpgraded,
+    ParseEntitiesFailed,
+    ThreadNotFound,
+    translate,
+)
 from taskcard.channels.telegram.http11 import LeanRequest, proxy_configured
 from taskcard.channels.telegram.request import FloodAwareRequest, FloodWait
 from taskcard.channels.telegram.scopes import BOT_SCOPE_KEY, MENU_SCOPE_KEY, chat_scope_key
@@ -476,6 +482,10 @@ class TelegramChannel(Channel):
             raise Transient(f"Telegram request failed: {type(exc).__name__}") from None
         if isinstance(error, ChatUpgraded):
             await self._chat_moved(chat.chat_id, error.new_chat_id)
+        elif isinstance(error, ChatGone):
+            self._topics.forget(chat.chat_id)
+        elif isinstance(error, ThreadNotFound) and chat.thread_id is not None:
+            self._topics.forget(chat.chat_id, chat.thread_id)
         raise error
 
     async def _chat_moved(self, old: str, new: str) -> None:

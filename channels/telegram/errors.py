@@ -40,6 +40,12 @@ class ChatUpgraded(MessageGone):
         self.new_chat_id = str(new_chat_id)
 
 
+class ChatGone(Forbidden):
+    """The bot is out of the chat: removed from it, blocked, the chat deleted or unknown to
+    Telegram. Like any `Forbidden` the route is disabled; what the channel kept of the chat
+    (its forum topics' names, `channels.telegram.topics`) is dropped with it."""
+
+
 class ThreadNotFound(Forbidden):
     """The forum topic of the route was deleted: like a kick, nothing can be posted there
     any more, so the route is disabled with this reason instead of failing on every change."""
@@ -65,15 +71,23 @@ _FORBIDDEN_REASONS = (
     ("kicked", "bot was kicked from the chat"),
     ("deactivated", "the user is deactivated"),
     ("not a member", "bot is not a member of the chat"),
+    # Telegram's words for a basic group upgraded, or deleted, without a new id to go to.
+    ("chat was deleted", "the chat was deleted"),
     ("can't initiate", "bot can't initiate a conversation with the user"),
     ("not enough rights", "bot lacks the rights for this action"),
 )
+# The 403s by which the bot is out of the chat (`ChatGone`), not merely short of a right.
+_OUT_OF_CHAT = ("blocked", "kicked", "deactivated", "not a member", "chat was deleted")
 
 
 # Bad requests by which Telegram says the bot cannot post to the chat (or topic) at all, like
-# a 403: the route is disabled with the reason instead of failing on every change.
+# a 403: the route is disabled with the reason instead of failing on every change. A chat
+# not found is out of the bot's reach for good (`ChatGone`).
+_CHAT_NOT_FOUND = (
+    "chat not found",
+    "chat not found: the bot is not in this chat, or the chat id is wrong",
+)
 _UNREACHABLE = (
-    ("chat not found", "chat not found: the bot is not in this chat, or the chat id is wrong"),
     ("topic_closed", "the forum topic is closed"),
     ("rights to send", "bot lacks the rights to post in the chat"),
     ("chat_write_forbidden", "bot lacks the rights to post in the chat"),
@@ -116,6 +130,8 @@ def translate(exc: tg.TelegramError, chat_scope: str) -> ChannelError:
             )
         return CredentialsRejected("Telegram rejected the bot token (invalid or revoked)")
     if isinstance(exc, tg.Forbidden):
+        if any(marker in lowered for marker in _OUT_OF_CHAT):
+            return ChatGone(forbidden_reason(description))
         return Forbidden(forbidden_reason(description))
     if isinstance(exc, tg.ChatMigrated):
         return ChatUpgraded(exc.new_chat_id)
@@ -139,6 +155,8 @@ def _translate_bad_request(description: str, lowered: str) -> ChannelError:
         return ParseEntitiesFailed(description)
     if "message thread not found" in lowered or "topic_deleted" in lowered:
         return ThreadNotFound(description)
+    if _CHAT_NOT_FOUND[0] in lowered:
+        return ChatGone(_CHAT_NOT_FOUND[1])
     for marker, reason in _UNREACHABLE:
         if marker in lowered:
             return Forbidden(reason)

@@ -9,6 +9,11 @@ so a restart and every instance of a cluster (whose cursor store is the shared R
 the topics the poll learnt, and `taskcard chats` shows them. A name is a member's text: it is
 cleaned when learnt and again when read (a shared store's value is untrusted too). Pure and
 free of the client library (`taskcard chats` reads it).
+
+They go when Telegram says the topic or the chat went (`TopicNames.forget`): a topic deleted
+(its thread not found), the bot out of the chat (removed, blocked, the chat deleted or not
+found). A basic group upgraded to a supergroup keeps its row: a basic group has no topics,
+and the supergroup's are learnt under the group's original id (`channels.telegram.moves`).
 """
 
 from __future__ import annotations
@@ -121,6 +126,33 @@ class TopicNames:
         if self._cursor is not None and self._store(chat_id, thread_id, cleaned, newer=newer):
             return
         self._remember(chat_id, thread_id, cleaned)
+
+    def forget(self, chat_id: str, thread_id: str | None = None) -> None:
+        """Drop the name of topic `thread_id` of chat `chat_id`, or of all of the chat's
+        topics when None, here and in the store (the topic was deleted, or the bot is out
+        of the chat). A store that fails is named in the log: the names stay until the
+        next such answer."""
+        for key in [key for key in self._names if key[0] == chat_id]:
+            if thread_id is None or key[1] == thread_id:
+                del self._names[key]
+        if self._cursor is None:
+            return
+        try:
+            if thread_id is None:
+                self._cursor.delete_cursors([_key(chat_id)])
+                return
+            raw = self._cursor.get_cursor(_key(chat_id))
+            names = _parsed(chat_id, raw)
+            if names.pop(thread_id, None) is None:
+                return
+            if names:
+                self._cursor.set_cursor(_key(chat_id), json.dumps(names, ensure_ascii=False))
+            else:
+                self._cursor.delete_cursors([_key(chat_id)])
+        except Exception as error:
+            _log.warning(
+                "could not forget the forum topic names of Telegram chat %s: %s", chat_id, error
+            )
 
     def _store(self, chat_id: str, thread_id: str, name: str, *, newer: bool) -> bool:
         """Keep the name in the store; True when the store already had one that stays (then

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
 from typing import Protocol
 
@@ -42,6 +42,10 @@ class MemoryCursorStore:
 
     def set_cursor(self, key: str, value: str) -> None:
         self.values[key] = value
+
+    def delete_cursors(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.values.pop(key, None)
 
 
 class CommandInbox:

@@ -23,6 +23,7 @@ from taskcard.channels.errors import (
 )
 from taskcard.channels.feishu.errors import retry_after_s as feishu_retry_after_s
 from taskcard.channels.telegram.errors import (
+    ChatGone,
     ChatUpgraded,
     ParseEntitiesFailed,
     ThreadNotFound,
@@ -56,12 +57,16 @@ def _retry_after(seconds: int) -> tg.RetryAfter:
         (tg.BadRequest("Can't parse entities: unsupported start tag"), ParseEntitiesFailed),
         (tg.BadRequest("Message thread not found"), ThreadNotFound),
         (tg.BadRequest("Message is too long"), Permanent),
-        (tg.BadRequest("Chat not found"), Forbidden),
+        (tg.BadRequest("Chat not found"), ChatGone),
         (tg.BadRequest("Topic_closed"), Forbidden),
         (tg.BadRequest("Not enough rights to send text messages to the chat"), Forbidden),
         (tg.BadRequest("Not enough rights to manage pinned messages in the chat"), Permanent),
-        (tg.Forbidden("Forbidden: bot was blocked by the user"), Forbidden),
-        (tg.Forbidden("Forbidden: bot was kicked from the group chat"), Forbidden),
+        (tg.Forbidden("Forbidden: bot was blocked by the user"), ChatGone),
+        (tg.Forbidden("Forbidden: bot was kicked from the group chat"), ChatGone),
+        (tg.Forbidden("Forbidden: bot was kicked from the supergroup chat"), ChatGone),
+        (tg.Forbidden("Forbidden: bot is not a member of the channel chat"), ChatGone),
+        (tg.Forbidden("Forbidden: the group chat was deleted"), ChatGone),
+        (tg.Forbidden("Forbidden: bot can't initiate conversation with a user"), Forbidden),
         (tg.TimedOut(), Transient),
         (tg.NetworkError("Bad Gateway"), Transient),
         (AnswerLost("no answer after the request was written"), OutcomeUnknown),
