@@ -17,6 +17,7 @@ import hashlib
 import json
 import re
 import unicodedata
+import urllib.parse
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -50,8 +51,15 @@ _WEB_LINK = re.compile(r"\s*https?://", re.IGNORECASE)
 
 
 def web_link(url: str) -> bool:
-    """Whether `url` is a web address (`http://` or `https://`), the only link a card keeps."""
-    return _WEB_LINK.match(url) is not None
+    """Whether `url` is a web address (`http://` or `https://` and a host), the only link a
+    card keeps. One without a host (`https://`, `http:///path`) leads nowhere, and Telegram
+    refuses the whole message for it ("entity URL ... is invalid: URL host is empty")."""
+    if _WEB_LINK.match(url) is None:
+        return False
+    try:
+        return bool(urllib.parse.urlsplit(url.strip()).hostname)
+    except ValueError:  # an address the parser cannot split (`http://[`) leads nowhere too
+        return False
 
 
 # A code block's language as every channel shows it: a plain name, nothing else.

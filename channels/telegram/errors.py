@@ -65,7 +65,15 @@ _GONE_MARKERS = (
 # Telegram refused the entities, not the text: the message goes again as plain text. Their
 # total size is bounded too (ENTITIES_TOO_LONG, links' addresses included), past which every
 # edit of the card would be refused for as long as its body stays.
-_ENTITIES_REFUSED = ("can't parse entities", "can't find end of", "entities_too_long")
+# A link's address Telegram finds invalid ("entity URL '...' is invalid: URL host is empty",
+# formerly "Wrong message entity: Wrong URL host") is refused the same way.
+_ENTITIES_REFUSED = (
+    "can't parse entities",
+    "can't find end of",
+    "entities_too_long",
+    "entity url",
+    "wrong message entity",
+)
 _FORBIDDEN_REASONS = (
     ("blocked", "bot was blocked by the user"),
     ("kicked", "bot was kicked from the chat"),

@@ -1,5 +1,11 @@
 """`taskcard serve` against the fake Bot API where the fake once differed from Telegram.
 
+Telegram refuses a whole message for a link whose address has no host ("entity URL
+'https://' is invalid: URL host is empty"; before, "Wrong message entity: Wrong URL host"),
+which the fake let through and the channel did not take for refused entities: the card was
+refused for good instead of going as plain text. Such a link now keeps its words only, and
+that answer (for whatever else Telegram finds invalid in an address) sends the card plain.
+
 Telegram deletes a deleted forum topic's messages with it, the bot's resident card too: an
 edit of that card is "message to edit not found", not the edit our fake let through, and a
 new card in the topic "message thread not found". And the forum topics' names the poll
@@ -22,6 +28,7 @@ from tests.e2e.test_serve_telegram import (
     GROUP,
     _builder_and_tester_in_topics,
     agent_dir,
+    setup,
 )
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -122,4 +129,47 @@ async def test_a_chats_topic_names_go_with_the_chat(
         )
         assert reason in said, said
         await eventually(lambda: topic_names(serve.config) == {}, what="the names gone")
+        assert await serve.aterminate() == 0
+
+
+async def test_a_link_without_a_host_keeps_its_words_and_the_cards_formatting(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    serve = setup(tmp_path, telegram, ["builder"], [(GROUP, ["builder"])])
+    with serve:
+        publish(
+            agent_dir(tmp_path, "builder"),
+            "**build** green, see [the log](https://) and [the site](https://example.org)",
+        )
+        [card] = await eventually(
+            lambda: [m for m in telegram.bot_messages(GROUP) if "the site" in m.text],
+            what="the card",
+        )
+        assert "the log" in card.text, card.text
+        kinds = [(e["type"], e.get("url")) for e in card.entities]
+        assert ("text_link", "https://example.org") in kinds, kinds
+        assert any(kind == "bold" for kind, _ in kinds), kinds
+        assert [url for kind, url in kinds if kind == "text_link"] == ["https://example.org"]
+        assert await serve.aterminate() == 0
+
+
+@pytest.mark.parametrize(
+    "description",
+    [
+        "Bad Request: entity URL 'https://exa mple.org' is invalid: URL host is empty",
+        "Bad Request: Wrong message entity: Wrong URL host",
+    ],
+)
+async def test_a_link_telegram_finds_invalid_sends_the_card_plain(
+    tmp_path: Path, telegram: FakeTelegram, description: str
+) -> None:
+    serve = setup(tmp_path, telegram, ["builder"], [(GROUP, ["builder"])])
+    telegram.fail_next("sendMessage", 400, description)
+    with serve:
+        publish(agent_dir(tmp_path, "builder"), "**build** green, [the site](https://example.org)")
+        [card] = await eventually(
+            lambda: [m for m in telegram.bot_messages(GROUP) if "the site" in m.text],
+            what="the card sent as plain text",
+        )
+        assert card.entities == [], card.entities
         assert await serve.aterminate() == 0

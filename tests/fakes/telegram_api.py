@@ -40,6 +40,7 @@ import math
 import re
 import signal
 import time
+import urllib.parse
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,6 +75,8 @@ WEBHOOK_CONFLICT = (
 MAX_TEXT_UTF16 = 4096
 MAX_ENTITIES = 100
 ENTITIES_TOO_LONG = "Bad Request: ENTITIES_TOO_LONG"
+# Telegram's answer to a link (`text_link`) whose address has no host.
+URL_HOST_EMPTY = "Bad Request: entity URL '{url}' is invalid: URL host is empty"
 # Telegram also bounds the entities' own size (MTProto's ENTITIES_TOO_LONG, "too many styled
 # message entities", which the Bot API passes on): links' addresses count, not only the
 # text. The bound is undocumented; a maintainer puts a message's Markdown source at about
@@ -125,6 +128,14 @@ CHAT_LIMITED_METHODS = frozenset({"sendMessage", "editMessageText"})
 BOT_LIMITED_METHODS = frozenset(
     {"sendMessage", "editMessageText", "deleteMessage", "pinChatMessage"}
 )
+
+
+def _url_host(url: str) -> str | None:
+    """The host of a link's address as Telegram checks it (None: none, or unreadable)."""
+    try:
+        return urllib.parse.urlsplit(url.strip()).hostname
+    except ValueError:
+        return None
 
 
 def utf16_len(text: str) -> int:
@@ -986,6 +997,8 @@ class FakeTelegram:
                 )
             if entity["type"] == "text_link" and not entity.get("url"):
                 raise ApiError(400, f"Bad Request: can't parse entities: entity {index} url")
+            if entity["type"] == "text_link" and not _url_host(str(entity["url"])):
+                raise ApiError(400, URL_HOST_EMPTY.format(url=entity["url"]))
             if entity["type"] == "custom_emoji" and not entity.get("custom_emoji_id"):
                 raise ApiError(400, f"Bad Request: can't parse entities: entity {index} emoji")
             if entity["type"] == "text_mention" and not isinstance(entity.get("user"), dict):
