@@ -40,6 +40,8 @@ async def test_one_holder_then_takeover_with_a_new_fence(client: Redis, redis_ur
     cursors = FencedCursors(store, store.client, store.key("cursors"), "offset", first)
     cursors.set_cursor("offset", "10")
     cursors.set_cursor("other", "x")  # not fenced
+    cursors.delete_cursors(["other", "offset"])  # the fenced offset is never deleted here
+    assert (store.get_cursor("other"), store.get_cursor("offset")) == (None, "10")
     await asyncio.sleep(1.2)  # the holder stops renewing (it died, or paused)
     assert await second.hold() and second.token != old_token
     with pytest.raises(LeaseLost):
