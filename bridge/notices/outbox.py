@@ -309,9 +309,11 @@ class NoticeOutbox:
     def sending(self, item: QueuedNotice) -> None:
         """Its request is about to go out on a platform that cannot deduplicate sends: record
         it `unsure` first, so that a crash before the answer leaves it unsent by a restart
-        (at most once). Raises when the store cannot take it: then it is not sent now."""
+        (at most once). Raises when the store cannot take it or keeps it to write later (a
+        full disk, a locked state file): then it is not sent now."""
         key = item.ref.route
-        self._store.set_notice_state(key.store_key, item.ref.notice_id, "unsure")
+        with self._store.at_once():
+            self._store.set_notice_state(key.store_key, item.ref.notice_id, "unsure")
 
     def not_sent(self, item: QueuedNotice) -> None:
         """The platform answered that it did not post it (rate limited, failing, refused

@@ -53,6 +53,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -1062,7 +1063,7 @@ class RouteScheduler:
         if self._kept_replies is not None:
             before = self._kept_replies.get(key)
             self._kept_replies[key] = unsure
-            if self._save_replies():
+            if self._save_replies(at_once=True):
                 return None
             if before is None:
                 del self._kept_replies[key]
@@ -1136,10 +1137,12 @@ class RouteScheduler:
         if self._kept_replies.pop(reply.idempotency_key, None) is not None and save:
             self._save_replies()
 
-    def _save_replies(self) -> bool:
+    def _save_replies(self, *, at_once: bool = False) -> bool:
+        """Write the kept replies; `at_once`: on disk now or not at all (a reply's mark)."""
         assert self._kept_replies is not None
         try:
-            self._store.set_cursor(PENDING_REPLIES_CURSOR, json.dumps(self._kept_replies))
+            with self._store.at_once() if at_once else nullcontext():
+                self._store.set_cursor(PENDING_REPLIES_CURSOR, json.dumps(self._kept_replies))
         except Exception as error:  # a reply kept to be sent still goes out (a stop before
             # a later save loses it); one whose mark was not taken is not sent now
             log.warning("could not keep the unsent command replies: %s", error)

@@ -118,6 +118,11 @@ class StateFileError(Exception):
     """The state file cannot be used; the message is one line naming the file and the fix."""
 
 
+class StateNotSaved(Exception):
+    """A write made in `StateStore.at_once` that could not be committed now (a full disk,
+    another process holding the file locked); the message says why, and nothing was kept."""
+
+
 class StateFileLocked(StateFileError):
     """The state file cannot be written because another process holds it locked (an
     instance still exiting, a sqlite3 shell in a transaction): it may pass by itself."""
@@ -158,6 +163,13 @@ class StateStore(ABC):
     def health(self) -> StateHealth | None:
         """The running write fault, or None when every write so far is committed."""
         return None
+
+    @contextmanager
+    def at_once(self) -> Iterator[None]:
+        """Writes in this block are committed when they return, or raise (`StateNotSaved`
+        from a store that otherwise keeps a failed write to retry it): the mark of a send
+        that must go at most once, which the send may not pass while it is not on disk."""
+        yield
 
     # Resident messages -------------------------------------------------------------------
     @abstractmethod

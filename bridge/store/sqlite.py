@@ -24,8 +24,10 @@ raises into the service: it joins an ordered backlog (a later write of the same 
 an earlier one), the store retries the backlog in one transaction with capped backoff
 (`retry_pending`, driven by the service's timer), and the fault is logged once per episode
 and recorded in a small pre-allocated health file that `taskcard status` reads, because a full
-disk still lets a file be rewritten in place. What was committed before stays committed: a
-failed transaction is rolled back, never half-applied. At start it is the other way round: a
+disk still lets a file be rewritten in place. The exception is a write made in `at_once` (the
+mark a Telegram send needs before it may go out): it is committed now or raises, never kept.
+What was committed before stays committed: a failed transaction is rolled back, never
+half-applied. At start it is the other way round: a
 state file that is not a healthy taskcard database, or cannot be written, stops the service
 with `StateFileError` (one line: the file and the fix) instead of a fresh start that would
 post every resident message a second time.
@@ -61,6 +63,7 @@ from taskcard.bridge.store.base import (
     StateFileError,
     StateFileLocked,
     StateHealth,
+    StateNotSaved,
     StateStore,
     UnsureNotice,
     in_batches,
@@ -88,6 +91,7 @@ __all__ = [
     "StateFileError",
     "StateFileLocked",
     "StateHealth",
+    "StateNotSaved",
     "StateStore",
     "UnsureNotice",
     "check_state_file",
@@ -538,6 +542,7 @@ class SqliteStore(StateStore):
         self._unsaved_offsets: dict[tuple[str, str], tuple[int, int]] = {}
         self._health: StateHealth | None = None
         self._retry_at = 0.0
+        self._at_once = False  # in `at_once`: a write is committed now or raises
         self._health_file: _HealthFile | None = None
         # The file this store writes, as (device, inode): None for a read-only open.
         self._identity: tuple[int, int] | None = None
@@ -599,13 +604,30 @@ class SqliteStore(StateStore):
                     log.debug("rollback after a failed write failed too: %s", exc)
             raise
 
+    @contextmanager
+    def at_once(self) -> Iterator[None]:
+        """A write in this block is committed before it returns, after the writes waiting
+        (which are retried first, when due), or raises `StateNotSaved` and is not kept: a
+        mark kept in the backlog let its send go out, and a kill -9 before the backlog was
+        written left no mark, so the next start sent the notice or reply a second time.
+        While the fault lasts a write here fails at once until the next retry is due, so
+        it never holds the service's loop for the lock's busy timeout each time."""
+        self._at_once = True
+        try:
+            yield
+        finally:
+            self._at_once = False
+
     def _write(self, key: tuple[str, ...], op: WriteOp) -> None:
         """Commit `op` now, or keep it in the backlog (after the writes already waiting).
 
         Fingerprints not committed yet go first, in the same transaction: they were written
         before `op`, which may overwrite the same row (a retired resident's `message_id`).
         """
-        if self._backlog:
+        if self._at_once:
+            self._write_now(op)
+            return
+        if self._backlog or self._health is not None:  # (not tried before the retry is due)
             self._commits_to_backlog()
             self._backlog.pop(key, None)  # the newer write of the same row supersedes it
             self._backlog[key] = op
@@ -625,6 +647,23 @@ class SqliteStore(StateStore):
             self._unsaved_commits.clear()
             self._unsaved_offsets.clear()
 
+    def _write_now(self, op: WriteOp) -> None:
+        """Commit `op` now, or raise `StateNotSaved` without keeping it (see `at_once`)."""
+        if (self._backlog or self._health is not None) and not self.retry_pending():
+            raise StateNotSaved(self._health.reason if self._health else "writes waiting")
+        try:
+            with self._tx() as db:
+                self._save_unsaved(db)
+                op(db)
+        except _BUG_ERRORS:
+            raise
+        except sqlite3.Error as exc:
+            self._commits_to_backlog()
+            self._failed(exc)
+            raise StateNotSaved(_fault_reason(exc)) from None
+        self._unsaved_commits.clear()
+        self._unsaved_offsets.clear()
+
     def _save_unsaved(self, db: sqlite3.Connection) -> None:
         """Write the kept first-sight offsets and fingerprints (in a transaction of the caller)."""
         for (agent_id, name), (inode, offset) in self._unsaved_offsets.items():
@@ -636,7 +675,7 @@ class SqliteStore(StateStore):
         """Commit what is kept in memory, in one transaction (the backlog on error)."""
         if not self._unsaved_commits and not self._unsaved_offsets:
             return
-        if self._backlog:
+        if self._backlog or self._health is not None:
             self._commits_to_backlog()
             return
         try:
@@ -681,8 +720,8 @@ class SqliteStore(StateStore):
     def retry_pending(self, *, force: bool = False) -> bool:
         self._keep_in_place()
         self._save_commits()
-        if not self._backlog:
-            return True
+        if not self._backlog and self._health is None:
+            return True  # (a fault with no write waiting: a write `at_once` refused)
         if not force and self._clock() < self._retry_at:
             return False
         try:

@@ -13,6 +13,7 @@ the service was going to make has been made.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -283,6 +284,89 @@ async def test_a_kill_while_a_command_reply_awaits_its_answer_does_not_post_it_a
         assert answers("now show 2 activity rows") == 1
         assert await again.aterminate() == 0
     assert "a command reply the last run was sending may have been posted" in again.logs
+
+
+def lock_state(tmp_path: Path) -> sqlite3.Connection:
+    """Another process holding the service's state file in a write transaction (a sqlite3
+    shell left in `BEGIN EXCLUSIVE`): every write of the service fails until it ends."""
+    holder = sqlite3.connect(tmp_path / ".taskcard" / "state.sqlite3", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    return holder
+
+
+async def test_a_notice_is_not_sent_while_its_mark_cannot_be_written(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """The state store keeps a write it cannot make in memory, to retry it: the `unsure`
+    mark of a notice was kept so and the notice sent all the same, and a kill -9 before the
+    store could write again left no mark (nor the notice), so the next start posted it a
+    second time. Telegram's send now waits until the mark is on disk; Feishu's does not
+    need one."""
+    setup = Setup(tmp_path, telegram, feishu)
+    with setup.serve() as service:
+        await setup.cards_up()
+        holder = lock_state(tmp_path)
+        try:
+            setup.notify(FIRST)
+            await eventually(
+                lambda: "did not take the notice's send" in service.logs or setup.shown(FIRST)[0],
+                timeout_s=60,
+                what="the notice's send held or made",
+            )
+            await eventually(lambda: setup.shown(FIRST)[1] == 1, what="the notice on Feishu")
+            assert setup.shown(FIRST)[0] == 0, "sent before its mark was written"
+            publish(setup.workdir, "# Build\nstill working")
+            await eventually(  # the chat's card is edited meanwhile
+                lambda: any("still working" in m.text for m in telegram.bot_messages(TG_CHAT)),
+                what="the card edited while the state is locked",
+            )
+            service.kill()
+        finally:
+            holder.close()
+    with setup.serve() as again:
+        setup.notify(SECOND)
+        await setup.settled()
+        assert setup.shown(FIRST) == (1, 1)
+        assert await again.aterminate() == 0
+
+
+async def test_a_command_reply_is_not_sent_while_its_mark_cannot_be_written(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """The same for a command's answer, which is kept in the state until sent and marked
+    `unsure` before its request: it waits while the state file is locked, goes out once the
+    lock ends, and a kill -9 and a restart after that do not post it again."""
+    setup = Setup(tmp_path, telegram, feishu)
+
+    def answers(words: str) -> int:
+        return sum(words in m.text for m in telegram.bot_messages(TG_CHAT))
+
+    with setup.serve() as service:
+        await setup.cards_up()
+        holder = lock_state(tmp_path)
+        try:
+            telegram.inject_command(TG_CHAT, "/taskcard 2")
+            await eventually(
+                lambda: (
+                    "did not take the reply's send" in service.logs
+                    or answers("now show 2 activity rows")
+                ),
+                timeout_s=60,
+                what="the answer's send held or made",
+            )
+            assert answers("now show 2 activity rows") == 0, "sent before its mark was written"
+        finally:
+            holder.close()
+        await eventually(
+            lambda: answers("now show 2 activity rows") == 1, timeout_s=90, what="the answer"
+        )
+        await eventually(lambda: "work again" in service.logs, what="the state written")
+        service.kill()
+    with setup.serve() as again:
+        telegram.inject_command(TG_CHAT, "/taskcard 4")
+        await eventually(lambda: answers("now show 4 activity rows") == 1, what="the next one")
+        assert answers("now show 2 activity rows") == 1
+        assert await again.aterminate() == 0
 
 
 async def test_in_a_cluster_a_notice_whose_answer_is_lost_shows_once(
