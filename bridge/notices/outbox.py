@@ -158,6 +158,8 @@ class NoticeOutbox:
     def channel_ready(self, channel: str) -> None:
         """The channel can send: queue what is pending for its routes (from before a restart,
         or recorded while it was starting)."""
+        if not self._ready:
+            self._prune_unsure(None)  # what outlived its keep while the service was down
         self._ready.add(channel)
         self._queue_pending(lambda key: key.channel == channel)
 
@@ -336,6 +338,18 @@ class NoticeOutbox:
         `unsure` in the store, as `sending` recorded it, and is never sent again."""
         self._known.discard(item.ref)
         self._withdrawn.discard(item.ref)
+        self._prune_unsure(item.ref.route.store_key)
+
+    def _prune_unsure(self, route: str | None) -> None:
+        """Keep the unsure notices of `route` (of all when None) to their bound
+        (`UNSURE_KEEP_PER_ROUTE`, `UNSURE_KEEP_S`); best effort, tried again at the next."""
+        try:
+            self._store.prune_unsure_notices(self._clock(), route)
+        except Exception as error:
+            log.warning(
+                "could not forget the oldest unsure notices (%s); tried again later",
+                type(error).__name__,  # not its text: a Redis error's can quote a key
+            )
 
     def done(
         self, item: QueuedNotice, outcome: NoticeOutcome, message_id: str | None = None

@@ -29,6 +29,15 @@ READ_BATCH: Final = 500
 # which a card's next change posts a new message (remembered anew).
 SENT_KEEP_S = 30 * 86_400.0
 
+# How many notices recorded `unsure` a route keeps (the newest), and for how long, for
+# `taskcard status` and the `taskcard_notices` gauge: each is a notice that may be missing
+# from its chat, which an operator looks at within days; older ones are forgotten (their ids
+# with them), so that a route whose path to the Bot API drops answers for weeks does not
+# grow its list, and every status read of it, without end. The time is the month a reply
+# to a notice is still read as text for its agent (`SENT_KEEP_S`).
+UNSURE_KEEP_PER_ROUTE = 100
+UNSURE_KEEP_S = SENT_KEEP_S
+
 # "unsure": a send that may have posted it (the request went out, no answer came back, or the
 # service stopped in the middle) on a platform that cannot deduplicate sends: never sent again.
 NoticeState = Literal["pending", "delivered", "suppressed", "failed", "folded", "unsure"]
@@ -242,6 +251,11 @@ class StateStore(ABC):
 
     @abstractmethod
     def set_notice_state(self, route: str, notice_id: str, state: NoticeState) -> None: ...
+
+    @abstractmethod
+    def prune_unsure_notices(self, now: float, route: str | None = None) -> None:
+        """Forget the notices recorded `unsure` before `now - UNSURE_KEEP_S`, and those of
+        `route` (of every route when None) past its newest `UNSURE_KEEP_PER_ROUTE`."""
 
     @abstractmethod
     def unsure_notices(self, route: str | None = None) -> list[UnsureNotice]:

@@ -63,6 +63,8 @@ from redis.retry import Retry
 from taskcard.bridge.store.base import (
     MAX_MEMBER_BYTES,
     SENT_KEEP_S,
+    UNSURE_KEEP_PER_ROUTE,
+    UNSURE_KEEP_S,
     ChatPrefs,
     InboxOutcome,
     InboxRecord,
@@ -462,6 +464,18 @@ end
 return 1
 """
 
+# Forget the unsure notices ARGV names, each only while it is still unsure (read before).
+# KEYS: the notices' text, state and time hashes, then the unsure set.
+_PRUNE_UNSURE = """
+for _, member in ipairs(ARGV) do
+  if redis.call('HGET', KEYS[2], member) == 'unsure' then
+    for i = 1, 3 do redis.call('HDEL', KEYS[i], member) end
+    redis.call('ZREM', KEYS[4], member)
+  end
+end
+return 1
+"""
+
 # replace_message: the fingerprint stays only when the id stays; without an id the send key
 # goes too (the replacement is a new send with a new key).
 # ARGV: message id, stale id ('' for None each), route.
@@ -656,6 +670,7 @@ class RedisStore(StateStore):
         self._p = prefix
         self._add_notice = client.register_script(_ADD_NOTICE)
         self._notice_state = client.register_script(_NOTICE_STATE)
+        self._prune_unsure = client.register_script(_PRUNE_UNSURE)
         self._replace = client.register_script(_REPLACE)
         self._change_field = client.register_script(_CHANGE_FIELD)
         self._release_if_held = client.register_script(RELEASE_IF_HELD)
@@ -917,6 +932,27 @@ class RedisStore(StateStore):
             text = utf8(text_key, member, raw_text)
             found.append(UnsureNotice(notice_route, notice_id, text or "", stored_time(score)))
         return found
+
+    def prune_unsure_notices(self, now: float, route: str | None = None) -> None:
+        unsure = self.key("n", "unsure")
+        listed = raw_answer(self._r, "ZRANGE", unsure, 0, -1, "WITHSCORES")
+        kept: dict[str, int] = {}
+        doomed = []
+        # The newest first, as `SqliteStore.prune_unsure_notices` counts them.
+        for raw, score in sorted(listed, key=lambda pair: (pair[1], pair[0]), reverse=True):
+            member = utf8(unsure, _field_name(raw), raw)
+            parts = None if member is None else _parts(member, 2)
+            if member is None or parts is None:
+                continue  # (logged by `unsure_notices`)
+            if route is None or parts[0] == route:
+                kept[parts[0]] = kept.get(parts[0], 0) + 1
+                if kept[parts[0]] > UNSURE_KEEP_PER_ROUTE:
+                    doomed.append(member)
+                    continue
+            if score < now - UNSURE_KEEP_S:
+                doomed.append(member)
+        for batch in in_batches(doomed):
+            self._prune_unsure(keys=[*self._notice_keys(), unsure], args=batch)
 
     def notice_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -51,6 +51,8 @@ from typing import Any, Final
 
 from taskcard.bridge.store.base import (
     SENT_KEEP_S,
+    UNSURE_KEEP_PER_ROUTE,
+    UNSURE_KEEP_S,
     ChatPrefs,
     InboxOutcome,
     InboxRecord,
@@ -1206,6 +1208,24 @@ class SqliteStore(StateStore):
         if self._backlog:
             known = self._notice_overlay.get((route, notice_id))
             self._notice_overlay[(route, notice_id)] = (known[0] if known else "", state, now)
+
+    def prune_unsure_notices(self, now: float, route: str | None = None) -> None:
+        of_route, params = ("AND route = ?", (route,)) if route is not None else ("", ())
+
+        def op(db: sqlite3.Connection) -> None:
+            db.execute(
+                "DELETE FROM notices WHERE state = 'unsure' AND updated_at < ?",
+                (now - UNSURE_KEEP_S,),
+            )
+            db.execute(
+                "DELETE FROM notices WHERE rowid IN (SELECT rowid FROM (SELECT rowid,"
+                " row_number() OVER (PARTITION BY route ORDER BY updated_at DESC, notice_id"
+                f" DESC) AS newer FROM notices WHERE state = 'unsure' {of_route})"
+                " WHERE newer > ?)",
+                (*params, UNSURE_KEEP_PER_ROUTE),
+            )
+
+        self._write(("prune unsure", route or ""), op)
 
     def get_offset(self, agent_id: str, name: str) -> tuple[int, int] | None:
         if self._unsaved_offsets:

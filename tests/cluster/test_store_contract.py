@@ -16,6 +16,8 @@ import pytest
 
 from taskcard.bridge.store.base import (
     READ_BATCH,
+    UNSURE_KEEP_PER_ROUTE,
+    UNSURE_KEEP_S,
     ChatPrefs,
     InboxRecord,
     SeenChat,
@@ -844,3 +846,29 @@ def test_a_field_over_the_cap_is_named_with_a_fix_that_finds_it(
     assert f"HSCAN {key} 0 MATCH two*" in with_space, with_space
     [short] = [line for line in lines if "field short " in line]
     assert f"(HDEL {key} short)" in short, short
+
+
+def test_unsure_notices_are_kept_to_their_bound(opener: Opener) -> None:
+    """Notices recorded `unsure` were never forgotten: a route whose answers kept getting
+    lost grew its list, and every `taskcard status` read of it, without end. Each route
+    keeps its newest `UNSURE_KEEP_PER_ROUTE`, for `UNSURE_KEEP_S`; other notices stay."""
+    store = opener()
+    many = [f"n{i:03}" for i in range(UNSURE_KEEP_PER_ROUTE + 3)]
+    for route, ids in (("busy", many), ("calm", ["c1", "c2"])):
+        for notice_id in ids:
+            assert store.add_notice(route, notice_id, f"text {notice_id}", "pending")
+            store.set_notice_state(route, notice_id, "unsure")
+    store.add_notice("calm", "sent", "delivered one", "pending")
+    store.set_notice_state("calm", "sent", "delivered")
+    now = time.time()
+    store.prune_unsure_notices(now, "calm")  # another route's count is left alone
+    assert len(store.unsure_notices("busy")) == len(many)
+    store.prune_unsure_notices(now)
+    store = opener()  # as a restart reads it
+    assert [n.notice_id for n in store.unsure_notices("busy")] == many[3:], "the newest kept"
+    assert [n.notice_id for n in store.unsure_notices("calm")] == ["c1", "c2"]
+    assert store.notice_counts().get("unsure") == UNSURE_KEEP_PER_ROUTE + 2
+    assert not store.add_notice("calm", "sent", "delivered one", "pending"), "still known"
+    store.prune_unsure_notices(now + UNSURE_KEEP_S + 60, "calm")  # the age bound: every route
+    assert store.unsure_notices() == []
+    assert store.notice_counts() == {"delivered": 1}

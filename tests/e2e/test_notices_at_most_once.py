@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from taskcard.bridge.store.base import UNSURE_KEEP_PER_ROUTE
+from taskcard.bridge.store.sqlite import SqliteStore
 from tests.e2e.harness import TOKEN_ENV, ServeProcess, eventually, notify, publish, run_cli
 from tests.e2e.test_cluster import instance
 from tests.e2e.test_serve_telegram import GROUP
@@ -284,6 +286,35 @@ async def test_a_kill_while_a_command_reply_awaits_its_answer_does_not_post_it_a
         assert answers("now show 2 activity rows") == 1
         assert await again.aterminate() == 0
     assert "a command reply the last run was sending may have been posted" in again.logs
+
+
+async def test_a_start_keeps_the_unsure_notices_to_their_bound(
+    tmp_path: Path, telegram: FakeTelegram, feishu: FakeFeishu
+) -> None:
+    """`taskcard status` lists the unsure notices a route kept from its earlier runs; they
+    were never forgotten, so a chat whose answers kept getting lost grew the list without
+    end. A start keeps each route's newest `UNSURE_KEEP_PER_ROUTE` (docs/operators.md)."""
+    setup = Setup(tmp_path, telegram, feishu)
+    route = f"telegram:{TG_CHAT}::builder"
+    store = SqliteStore.in_dir(tmp_path / ".taskcard")
+    try:
+        for n in range(UNSURE_KEEP_PER_ROUTE + 5):
+            store.add_notice(route, f"old:{n:03}", f"notice {n}", "pending")
+            store.set_notice_state(route, f"old:{n:03}", "unsure")
+    finally:
+        store.close()
+
+    def unsure_listed() -> str:
+        text = run_cli("status", "--config", str(setup.config)).stdout
+        return text[text.index(route) :]
+
+    assert f"unsure notices: {UNSURE_KEEP_PER_ROUTE + 5} (" in unsure_listed()
+    with setup.serve() as service:
+        await setup.cards_up()
+        assert await service.aterminate() == 0
+    block = unsure_listed()
+    assert f"unsure notices: {UNSURE_KEEP_PER_ROUTE} (" in block, block
+    assert f"- old:{UNSURE_KEEP_PER_ROUTE + 4:03} since" in block, "the newest are listed"
 
 
 def lock_state(tmp_path: Path) -> sqlite3.Connection:
