@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from taskcard.bridge.store.sqlite import MAX_UNSAVED_COMMITS, STATE_FILE, SqliteStore
+from taskcard.bridge.store.sqlite import MAX_UNSAVED_COMMITS, STATE_FILE, SqliteStore, StateNotSaved
 
 ROUTE = "telegram:-100:builder"
 
@@ -106,3 +106,34 @@ def test_a_send_written_while_the_file_is_locked_keeps_its_key_behind_a_later_co
         holder.close()
     assert store.retry_pending(force=True) is True
     assert on_disk(tmp_path, columns="send_key, unsure_sends") == ("k1", 0)
+
+
+def test_a_write_at_once_is_on_disk_or_raises_and_is_not_kept(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    """A write in `at_once` (the mark a Telegram send needs first) that the locked file
+    refuses raises and is never written later: kept, it let its send go out unmarked. The
+    writes kept before it are written first once the file takes writes again."""
+    store.add_notice(ROUTE, "n1", "text", "pending")
+    holder = sqlite3.connect(tmp_path / STATE_FILE, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        store.set_message_id(ROUTE, "42")  # kept in the backlog
+        for _ in range(2):  # the second fails without trying before the retry is due
+            with pytest.raises(StateNotSaved), store.at_once():
+                store.set_notice_state(ROUTE, "n1", "unsure")
+        assert store.health() is not None
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert [n.notice_id for n in store.pending_notices()] == ["n1"]
+    assert store.unsure_notices() == []
+    assert store.retry_pending(force=True) is True
+    assert store.health() is None and on_disk(tmp_path, columns="message_id") == ("42",)
+    with store.at_once():
+        store.set_notice_state(ROUTE, "n1", "unsure")
+    reopened = SqliteStore.in_dir(tmp_path)
+    try:
+        assert [n.notice_id for n in reopened.unsure_notices()] == ["n1"]
+    finally:
+        reopened.close()
