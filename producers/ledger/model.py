@@ -347,11 +347,18 @@ def step_state(step: StepTruth, block: BlockTruth | None) -> StepState:
     """Blocked, then failed, then done, then running, else pending.
 
     Only a completion makes a step DONE (progress never does). A block counts only while it
-    is active, so a step resumed and then completed is DONE, not blocked forever.
+    is active, so a step resumed and then completed is DONE, not blocked forever. A failure
+    counts until the step moves again: progress or a completion recorded after it is the
+    retry the owner resumed, so a failed step retried and completed is DONE, not FAILED
+    for good (which left the task unable to complete consistently).
     """
     if block is not None and block.active and block.step == step.step_id and not block.failed:
         return "BLOCKED"
-    if step.failed_at is not None or (
+    failed_for_good = step.failed_at is not None and all(
+        moment is None or moment <= step.failed_at
+        for moment in (step.progress_at, step.completed_at)
+    )
+    if failed_for_good or (
         block is not None and block.active and block.failed and block.step == step.step_id
     ):
         return "FAILED"

@@ -416,6 +416,44 @@ def test_a_confirmed_block_is_observed_truth(workdir: Path) -> None:
     assert ok(workdir, "supervise")["action"] == "BLOCKED_ESCALATE"
 
 
+def test_a_failed_step_retried_and_completed_lets_the_task_complete(workdir: Path) -> None:
+    """A step marked failed stayed FAILED for good: resumed, retried and completed, it still
+    read FAILED with the gate "complete step a", the next step was out of order, and the
+    completion was INCONSISTENT, so the monitor never stopped the card. Progress after the
+    failure is the retry; a completion after it makes the step DONE."""
+    ok(workdir, "init", "t", "--purpose", "p", "--steps", "a,b", "--no-renderer")
+    ok(workdir, "checkpoint", "t", "--event-type", "STARTED")
+    failed = ok(
+        workdir,
+        *("block", "t", "--kind", "EXECUTION_ERROR", "--reason", "crash", "--step", "a"),
+        "--failed",
+    )
+    assert failed["workflow"] == "FAILED"
+    assert ok(workdir, "supervise")["action"] == "BLOCKED_ESCALATE"
+    # Resumed and nothing moved yet: the failure still stands.
+    assert ok(workdir, "checkpoint", "t", "--event-type", "OWNER_RESUMED")["workflow"] == "FAILED"
+    retried = ok(workdir, "checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "a")
+    assert (retried["workflow"], retried["next_gate"]) == ("RUNNING", "complete step a")
+    done_a = ok(workdir, "checkpoint", "t", "--event-type", "STEP_COMPLETED", "--step", "a")
+    assert (done_a["workflow"], done_a["next_gate"]) == ("RUNNING", "complete step b")
+    ok(workdir, "checkpoint", "t", "--event-type", "STEP_COMPLETED", "--step", "b")
+    done = ok(workdir, "checkpoint", "t", "--event-type", "TASK_COMPLETED", "--note", "out/")
+    assert (done["workflow"], done["inconsistencies"]) == ("COMPLETED", [])
+    shown = ok(workdir, "show", "t")
+    assert shown["derived"]["step_states"] == {"a": "DONE", "b": "DONE"}  # type: ignore[index]
+    supervised = ok(workdir, "supervise", "t", "--apply-supervision")
+    assert supervised["action"] == "STOP_AND_DELETE"
+    assert [n["source"] for n in notifications(workdir)][-1] == "ledger.completed"
+    # A failure recorded again after the retry is the step's state again.
+    ok(workdir, "init", "u", "--purpose", "p", "--steps", "a", "--no-renderer")
+    ok(workdir, "checkpoint", "u", "--event-type", "STEP_PROGRESS", "--step", "a")
+    again = ok(
+        workdir,
+        *("block", "u", "--kind", "OTHER", "--reason", "broke", "--step", "a", "--failed"),
+    )
+    assert again["workflow"] == "FAILED"
+
+
 def test_show_prints_an_agents_steering_characters_as_escapes(workdir: Path) -> None:
     """`ledger show` printed the record as plain JSON, which leaves a right-to-left override
     or a C1 control in the agent's purpose raw on the terminal (every other command printed
