@@ -46,6 +46,12 @@ def _record_delivery(record: TaskRecord, decision: Decision, now: datetime) -> N
 def _already_delivered(record: TaskRecord, decision: Decision) -> bool:
     if decision.action in ("OK", "AWAITING_TRUTH"):
         return True
+    # A completion recorded again with nothing else decided since (a retried call, an amended
+    # note) is the same completion: the chat heard "completed" once. Between two completions
+    # that another decision separates (progress after the first made the truth inconsistent),
+    # the second is news.
+    if decision.action == "STOP_AND_DELETE" and record.supervision.last_action == decision.action:
+        return True
     return record.supervision.last_action_key == decision.key
 
 

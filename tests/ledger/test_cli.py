@@ -454,6 +454,28 @@ def test_a_failed_step_retried_and_completed_lets_the_task_complete(workdir: Pat
     assert again["workflow"] == "FAILED"
 
 
+def test_a_completion_recorded_twice_is_told_once(workdir: Path) -> None:
+    """The same TASK_COMPLETED twice (a retried call) put a second "Task t completed" notice
+    in the chat; a completion that another decision separates from the first is told again."""
+    ok(workdir, "init", "t", "--purpose", "p", "--no-renderer")
+    ok(workdir, "checkpoint", "t", "--event-type", "TASK_COMPLETED", "--note", "out/")
+    assert ok(workdir, "supervise", "--apply-supervision")["action"] == "STOP_AND_DELETE"
+    ok(workdir, "checkpoint", "t", "--event-type", "TASK_COMPLETED", "--note", "out/ again")
+    assert ok(workdir, "supervise", "--apply-supervision")["action"] == "STOP_AND_DELETE"
+    assert [n["source"] for n in notifications(workdir)] == ["ledger.completed"]
+    # Progress after the completion: inconsistent, and told; then completed again, told.
+    ok(workdir, "checkpoint", "t", "--event-type", "STEP_PROGRESS", "--step", "more")
+    assert ok(workdir, "supervise", "--apply-supervision")["action"] == "TRUTH_INCONSISTENT"
+    ok(workdir, "checkpoint", "t", "--event-type", "STEP_COMPLETED", "--step", "more")
+    ok(workdir, "checkpoint", "t", "--event-type", "TASK_COMPLETED", "--note", "redone")
+    assert ok(workdir, "supervise", "--apply-supervision")["action"] == "STOP_AND_DELETE"
+    assert [n["source"] for n in notifications(workdir)] == [
+        "ledger.completed",
+        "ledger.inconsistent",
+        "ledger.completed",
+    ]
+
+
 def test_show_prints_an_agents_steering_characters_as_escapes(workdir: Path) -> None:
     """`ledger show` printed the record as plain JSON, which leaves a right-to-left override
     or a C1 control in the agent's purpose raw on the terminal (every other command printed
