@@ -7,7 +7,8 @@ projection service). Exit codes: 0 done, 1 the call was refused or failed (`call
 missing workdir, no action given, a runtime folder that is not private to us, and a result
 whose code is one of `client.USAGE_CODES`: an envelope that is not a UTF-8 JSON object within
 the limits or that the schema refuses, a renderer path that names no renderer file inside the
-workdir), 3 a host already runs for the workdir, 4 no host could be reached. `card` prints a
+workdir), 3 a host already runs for the workdir (or holds it and does not answer, or a
+program's own `TaskCard` holds it), 4 no host could be reached. `card` prints a
 short summary for people; `--json` prints the result object. `manual` and `settings` only read
 files, so `card` and `tool` answer them without starting or asking a host
 (`client.call_via_host`).

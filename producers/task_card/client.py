@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import taskcard.producers.task_card.workdir_lock as workdir_lock
-from taskcard.producers.task_card.contract import CardPaths
+from taskcard.producers.task_card.contract import CardPaths, shown_path
 from taskcard.producers.task_card.envelope import (
     READ_ONLY_ACTIONS,
     Envelope,
@@ -59,7 +59,9 @@ class HostUnavailable(RuntimeError):
 
 class HostElsewhere(HostUnavailable):
     """Something holds the workdir that we cannot talk to: a host under another runtime
-    folder than ours, or a program running the card through its own Python `TaskCard`."""
+    folder than ours, a program running the card through its own Python `TaskCard`, or a
+    host of ours that holds it and does not answer on its socket (stopped, stuck, or its
+    socket removed). The command line's exit 3, MCP's `workdir_held`."""
 
 
 def request_host(
@@ -131,8 +133,9 @@ def ping(paths: HostPaths) -> bool:
         return False
 
 
-def spawn_detached_host(paths: HostPaths, idle_grace_s: float | None = None) -> None:
-    """Start a host in its own session via `host --detach`, which returns at once.
+def spawn_detached_host(paths: HostPaths, idle_grace_s: float | None = None) -> bool:
+    """Start a host in its own session via `host --detach`, which returns at once; True when
+    that host was refused because another holds the workdir (and answers nobody yet).
 
     The detaching step is a separate short process so the host is never our child: no zombie
     in a long-lived caller (the MCP server) and no subprocess object left unreaped here.
@@ -163,6 +166,7 @@ def spawn_detached_host(paths: HostPaths, idle_grace_s: float | None = None) -> 
         raise HostUnavailable(
             f"the task card host for {paths.workdir} failed to start; see its log at {paths.log}"
         )
+    return done.returncode == EXIT_ALREADY_RUNNING
 
 
 def _check_card_folder(workdir: Path) -> None:
@@ -185,15 +189,58 @@ def ensure_host(paths: HostPaths, idle_grace_s: float | None = None) -> None:
     _check_card_folder(paths.workdir)
     if ping(paths):
         return
-    spawn_detached_host(paths, idle_grace_s)
+    refused = spawn_detached_host(paths, idle_grace_s)
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     while time.monotonic() < deadline:
         if ping(paths):
             return
         time.sleep(0.05)
+    if refused:
+        # The host we started was refused (exit 3): a host of ours holds the workdir and did
+        # not answer in all that time. That was "no task card host answered", exit 4, as if
+        # none ran: the user went looking for a host that failed to start.
+        holder = workdir_lock.read_holder(paths.workdir)
+        if holder is not None and (
+            holder.served is False or holder.runtime_dir != str(paths.runtime_dir)
+        ):
+            raise HostElsewhere(holder.describe(paths.workdir))  # another took it meanwhile
+        raise HostElsewhere(_silent_holder(paths, holder))
     raise HostUnavailable(
         f"no task card host answered for {paths.workdir}; see its log at {paths.log}"
     )
+
+
+def _silent_holder(paths: HostPaths, holder: workdir_lock.Holder | None) -> str:
+    """Why no host answers for a workdir whose lock a host of ours holds: its pid and program
+    (from the workdir's note, else the pid in the runtime lock), and what to do."""
+    pid = holder.pid if holder is not None else None
+    if pid is None:
+        pid = _runtime_lock_pid(paths)
+    program = f": {shown_path(holder.program)}" if holder and holder.program else ""
+    named = "unknown" if pid is None else str(pid)
+    end = f"end it (kill {pid})" if pid is not None else "end it"
+    return (
+        f"a task_card host holds {shown_path(paths.workdir)} (pid {named}{program}) but did"
+        f" not answer on its socket {shown_path(paths.socket)} within {SPAWN_TIMEOUT_S:g} s:"
+        f" it is stopped, stuck, or its socket was removed; see its log at"
+        f" {shown_path(paths.log)}, then {end} and call again (its watch resumes in the next"
+        " host)"
+    )
+
+
+def _runtime_lock_pid(paths: HostPaths) -> int | None:
+    """The pid the holder of the runtime lock wrote in it, None when unreadable."""
+    try:
+        fd = os.open(paths.lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        text = os.read(fd, 32).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 def call_via_host(

@@ -48,7 +48,12 @@ from pydantic import ValidationError
 from taskcard.producers.inbox import mcp_tool as inbox_tool
 from taskcard.producers.ledger import mcp_tool as ledger_tool
 from taskcard.producers.reports import mcp_tool as reports_tool
-from taskcard.producers.task_card.client import HostUnavailable, call_failed, call_via_host
+from taskcard.producers.task_card.client import (
+    HostElsewhere,
+    HostUnavailable,
+    call_failed,
+    call_via_host,
+)
 from taskcard.producers.task_card.contract import (
     CardPaths,
     link_loop,
@@ -77,10 +82,12 @@ from taskcard.producers.task_card.runtime import CardFolderUnsafe, HostPaths, Ru
 from taskcard.producers.task_card.tool_failure import (
     BAD_ARGUMENTS,
     HOST_UNAVAILABLE,
+    TASK_CARD_ONLY,
     TOOL_CODES,
     UNKNOWN_TOOL,
     UNUSABLE_FILE,
     WORKDIR_GONE,
+    WORKDIR_HELD,
     failed,
 )
 from taskcard.producers.task_card.wakes import WakeReader
@@ -158,7 +165,7 @@ class McpTool:
 def with_failure_code(schema: dict[str, Any], *, own_codes: bool = False) -> dict[str, Any]:
     """A tool's output schema naming `code`, which every failed result carries: one of the
     shared codes (an `enum` of them, `task_card`'s own aside), each said in its description."""
-    shared = [code for code in TOOL_CODES if own_codes or code != HOST_UNAVAILABLE]
+    shared = [code for code in TOOL_CODES if own_codes or code not in TASK_CARD_ONLY]
     said = "; ".join(f"{code}: {TOOL_CODES[code]}" for code in shared)
     code: dict[str, Any] = {"type": "string", "description": f"What kind of failure: {said}"}
     if own_codes:
@@ -203,6 +210,8 @@ def _call_task_card(
         return call_via_host(paths, arguments, cancel=cancelled)
     except CardFolderUnsafe as exc:  # `taskcard/` or `.taskcard-host/` leads out: no host
         return failed(UNUSABLE_FILE, f"task card host unavailable: {exc}")
+    except HostElsewhere as exc:  # the command line's exit 3: its holder and the fix
+        return failed(WORKDIR_HELD, str(exc))
     except (HostUnavailable, RuntimeDirUnsafe, OSError, ValueError) as exc:
         return failed(HOST_UNAVAILABLE, f"task card host unavailable: {exc}")
 

@@ -44,6 +44,12 @@ WORKDIR_GONE: Final = "workdir_gone"
 UNKNOWN_TOOL: Final = "unknown_tool"
 # `task_card` only: no task card host could be reached or started for the workdir.
 HOST_UNAVAILABLE: Final = "host_unavailable"
+# `task_card` only: another process holds the workdir and takes no call from us (a host under
+# another runtime folder, a program's own `TaskCard`, a host that does not answer); the
+# command line's exit 3. It was `host_unavailable` (or, after a minute, a timeout's words).
+WORKDIR_HELD: Final = "workdir_held"
+# The codes only `task_card` answers: the other tools' schemas leave them out.
+TASK_CARD_ONLY: Final = frozenset({HOST_UNAVAILABLE, WORKDIR_HELD})
 
 TOOL_CODES: Final[dict[str, str]] = {
     BAD_ARGUMENTS: "an argument is wrong; the message names the field and the fix",
@@ -54,6 +60,8 @@ TOOL_CODES: Final[dict[str, str]] = {
     WORKDIR_GONE: "the server's workdir was deleted while it ran",
     UNKNOWN_TOOL: "no tool of that name",
     HOST_UNAVAILABLE: "task_card only: no task card host could be reached or started",
+    WORKDIR_HELD: "task_card only: another process holds the workdir and takes no call from"
+    " here; the message names its pid and program and the fix",
 }
 
 

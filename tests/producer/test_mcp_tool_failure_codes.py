@@ -19,7 +19,7 @@ from typing import Any
 
 from mcp import ClientSession
 
-from taskcard.producers.task_card.tool_failure import TOOL_CODES
+from taskcard.producers.task_card.tool_failure import TASK_CARD_ONLY, TOOL_CODES
 
 from .conftest import STATIC_RENDERER, CliHost, envelope, write_renderer
 
@@ -47,7 +47,7 @@ async def test_each_tools_failures_carry_the_shared_code_of_their_kind(
             schema = listed[name].output_schema
             assert schema is not None
             codes = schema["properties"]["code"]["enum"]
-            assert set(codes) == set(TOOL_CODES) - {"host_unavailable"}, (name, codes)
+            assert set(codes) == set(TOOL_CODES) - TASK_CARD_ONLY, (name, codes)
         task_card = listed["task_card"].output_schema
         assert task_card is not None and "host_unavailable" in str(task_card["properties"]["code"])
 

@@ -78,7 +78,7 @@ async def test_an_mcp_call_is_refused_naming_the_program(
     async with cli.mcp() as session:
         answer = await session.call_tool("task_card", envelope("start", renderer_path="r.py"))
     result = answer.structured_content
-    assert result is not None and result["code"] == "host_unavailable", result
+    assert result is not None and result["code"] == "workdir_held", result
     _names_the_holder(result["message"], holder)
 
 
