@@ -18,7 +18,19 @@ May import: the standard library, `producers.task_card.contract`, `producers.inb
 time limit). Never `bridge` or `channels`.
 """
 
-from taskcard.producers.reports.lineage import LineageError, read_lineage, spawn
+from taskcard.producers.reports.lineage import (
+    LineageError,
+    LineageWriteFailed,
+    read_lineage,
+    spawn,
+)
 from taskcard.producers.reports.store import ReportError, Reports
 
-__all__ = ["LineageError", "ReportError", "Reports", "read_lineage", "spawn"]
+__all__ = [
+    "LineageError",
+    "LineageWriteFailed",
+    "ReportError",
+    "Reports",
+    "read_lineage",
+    "spawn",
+]

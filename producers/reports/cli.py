@@ -18,7 +18,6 @@ from typing import Any, Final
 
 from taskcard.producers.reports.lineage import (
     DEFAULT_MAX_DEPTH,
-    LINEAGE_FILE,
     MAX_DEPTH_LIMIT,
     MAX_REASON_CHARS,
     LineageError,
@@ -37,7 +36,6 @@ from taskcard.producers.reports.store import (
 from taskcard.producers.task_card.contract import (
     LOOP_OF_LINKS,
     NotRegularFile,
-    cannot_write,
     expand_home,
     file_kind,
     link_loop,
@@ -51,7 +49,7 @@ from taskcard.producers.task_card.stdin_json import (
     drain_stdin,
     read_stdin_object,
 )
-from taskcard.producers.task_card.tool_failure import READ_FAILED, worded
+from taskcard.producers.task_card.tool_failure import READ_FAILED, WRITE_FAILED, worded
 from taskcard.producers.task_card.workdir_arg import (
     dangling_link,
     existing_workdir_arg,
@@ -263,12 +261,9 @@ def run_spawn(args: argparse.Namespace) -> int:
             way="cli",
         )
     except LineageError as exc:
-        # A lineage.json the system failed to read (EIO) is a failure, 1, as a failed write
-        # is; its other refusals are input to mend, 2 (docs: the exit codes table).
-        return _fail("spawn", str(exc), 1 if exc.code == READ_FAILED else 2)
-    except OSError as exc:
-        where = args.workdir / LINEAGE_FILE
-        return _fail("spawn", cannot_write(where, exc), 1)
+        # A lineage.json the system failed to read (EIO) or write is a failure, 1; its other
+        # refusals are input to mend, 2 (docs: the exit codes table).
+        return _fail("spawn", str(exc), 1 if exc.code in (READ_FAILED, WRITE_FAILED) else 2)
     _print(record)
     return 0
 

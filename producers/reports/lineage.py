@@ -45,6 +45,7 @@ from taskcard.producers.task_card.contract import (
     LOOP_OF_LINKS,
     NotRegularFile,
     atomic_write,
+    cannot_write,
     dangling_link,
     iso_utc,
     json_kind,
@@ -58,6 +59,7 @@ from taskcard.producers.task_card.contract import (
 from taskcard.producers.task_card.tool_failure import (
     READ_FAILED,
     UNUSABLE_FILE,
+    WRITE_FAILED,
     Coded,
     Names,
     Way,
@@ -100,6 +102,19 @@ _NAMES: Final = Names(
 
 class LineageError(Coded):
     """A spawn that cannot be recorded; the text names the field and the fix."""
+
+
+class LineageWriteFailed(LineageError, OSError):
+    """The system refused to write the child's `lineage.json` (`code` `write_failed`): the
+    text names the field, the file, why and the fix, as every refusal of `spawn` does. An
+    `OSError` too, with the system's `errno`: it was a bare `OSError` before, and a caller's
+    `except OSError` still catches it."""
+
+    def __init__(self, message: str, exc: OSError) -> None:
+        super().__init__(message, code=WRITE_FAILED)
+        # Only the number: with `strerror` or `filename` set, `str()` would be the system's
+        # words instead of this message.
+        self.errno = exc.errno
 
 
 def _folder(value: object, field: str, what: str = "the agent's working directory") -> Path:
@@ -497,5 +512,12 @@ def _spawn_locked(
     # A folder name may hold bytes that are not UTF-8 (kept as lone surrogates): escaped
     # (`\udcff`), the file stays UTF-8 and the name reads back the same.
     text = json.dumps(record, ensure_ascii=not encodable(parent_text or ""))
-    atomic_write(child / LINEAGE_FILE, text.encode())
+    try:
+        atomic_write(child / LINEAGE_FILE, text.encode())
+    except OSError as exc:
+        # A bare `OSError` from Python; each way in worded it itself, MCP naming
+        # `child_workdir`, the command line no field at all.
+        raise LineageWriteFailed(
+            f"workdir: {cannot_write(child / LINEAGE_FILE, exc)}", exc
+        ) from exc
     return record

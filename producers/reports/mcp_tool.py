@@ -19,7 +19,6 @@ from taskcard.producers.reports.lineage import (
     AGENT_ID,
     AGENT_ID_RULE,
     DEFAULT_MAX_DEPTH,
-    LINEAGE_FILE,
     MAX_DEPTH_LIMIT,
     MAX_REASON_CHARS,
     LineageError,
@@ -34,7 +33,7 @@ from taskcard.producers.reports.store import (
     after_problem,
     write_problem,
 )
-from taskcard.producers.task_card.contract import cannot_write, json_kind, quoted
+from taskcard.producers.task_card.contract import json_kind, quoted
 from taskcard.producers.task_card.runtime import HostPaths
 from taskcard.producers.task_card.tool_failure import (
     BAD_ARGUMENTS,
@@ -286,11 +285,6 @@ def call_spawn(paths: HostPaths, arguments: dict[str, Any]) -> dict[str, Any]:
             max_depth=arguments.get("max_depth", DEFAULT_MAX_DEPTH),
             way="mcp",  # the child's folder is `child_workdir` (this tool's own is the parent's)
         )
-    except LineageError as exc:
+    except LineageError as exc:  # a lineage.json it cannot write too (`write_failed`)
         return failed(exc.code, str(exc))
-    except OSError as exc:
-        # Which lineage.json, and what to do: a folder in the way at the child's
-        # lineage.json said only "cannot write lineage.json: Is a directory".
-        problem = cannot_write(child_workdir / LINEAGE_FILE, exc)
-        return failed(WRITE_FAILED, f"child_workdir: {problem}")
     return {"status": "ok", **record}

@@ -146,7 +146,7 @@ def test_the_spawn_command_names_the_lineage_file_it_cannot_write(workdir: Path)
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     path = blocked / "lineage.json"
-    assert done.stderr.startswith(f"taskcard spawn: cannot write {path} ("), done.stderr
+    assert done.stderr.startswith(f"taskcard spawn: --workdir: cannot write {path} ("), done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
 
 
