@@ -63,7 +63,8 @@ _AT_MOST: Final = f", at most {MAX_NOTE_CHARS} characters"
 
 def _ledger(args: argparse.Namespace) -> Ledger:
     # Checked as given: an empty `--ledger` joined to the workdir would name the workdir.
-    given: str = args.ledger
+    typed = args.ledger is not None
+    given: str = args.ledger if typed else str(DEFAULT_LEDGER)
     Ledger(given, way="cli")
     # `--ledger=~/x.json`, or a path in quotes: no shell expanded the ~, and a folder named
     # "~" was made in the workdir.
@@ -82,21 +83,36 @@ def _ledger(args: argparse.Namespace) -> Ledger:
     # workdir that leads out of it is the store's refusal, whether its far end exists or not.
     # A folder (or a named pipe) was the store's "ledger PATH: cannot read it (a folder, ...;
     # replace it with a file)": neither the option nor that a file in it was meant.
-    problem = file_path_problem(full) or _not_a_file(full)
+    # Left out, the path is the workdir's default ledger: named as that, with a fix that
+    # does not tell to leave out the option nobody typed ("--ledger: ...; or leave --ledger
+    # out" was said of the default too).
+    if typed:
+        problem = file_path_problem(full) or _not_a_file(full)
+    else:
+        moved = "move that file aside, or give another ledger file with --ledger"
+        problem = file_path_problem(full, in_a_folder=moved) or _not_a_file(full, typed=False)
     leads_out = inside and not is_inside(str(workdir), os.path.realpath(full))
     if problem is not None and not leads_out:
-        raise LedgerError(f"--ledger: {shown_path(given)} {problem}")
+        if typed:
+            raise LedgerError(f"--ledger: {shown_path(given)} {problem}")
+        raise LedgerError(f"the workdir's default ledger {shown_path(full)} {problem}")
     return Ledger(full, inside=workdir if inside else None, way="cli")
 
 
-def _not_a_file(path: Path) -> str | None:
-    """What `path` is, after the name, when it is there and no regular file (links followed)."""
+def _not_a_file(path: Path, *, typed: bool = True) -> str | None:
+    """What `path` is, after the name, when it is there and no regular file (links followed);
+    the fix as for a `--ledger` typed, or for the default ledger (`typed=False`)."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return None  # nothing there yet (a ledger to create), or the store says why
     if stat.S_ISREG(mode):
         return None
+    if not typed:
+        return (
+            f"is {file_kind(mode)}, not a regular file; move it aside (the ledger is a file"
+            " there), or give another ledger file with --ledger"
+        )
     return (
         f"is {file_kind(mode)}, not a regular file; give the ledger's file (relative paths"
         f" start at the workdir), or leave --ledger out for {DEFAULT_LEDGER}"
@@ -350,7 +366,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--ledger",
-        default=str(DEFAULT_LEDGER),
+        default=None,  # the default ledger, said as that (not as `--ledger`) in errors
         help=f"the ledger file, relative to the workdir; ~ is expanded (default: {DEFAULT_LEDGER})",
     )
 

@@ -499,6 +499,14 @@ class Ledger:
         except OSError as exc:
             raise self._cannot_read(exc) from None
 
+    def _path_problem(self) -> str | None:
+        """`file_path_problem` of the ledger's path, its fix for a file on the way said for
+        the way in: the MCP tool's ledger is the workdir's default, a path its caller cannot
+        change ("give a path in a folder" told it to)."""
+        if self.way == "mcp":
+            return file_path_problem(self.path, in_a_folder="move that file aside")
+        return file_path_problem(self.path)
+
     def _cannot_read(self, exc: OSError) -> LedgerError:
         """Why the ledger could not be read, naming the file, and what to do: the words of
         `--ledger` for a name that cannot be a ledger (`file_path_problem`: a link that leads
@@ -506,7 +514,7 @@ class Ledger:
         fix for a file of another kind, else the system's words with the errno and the fix.
         The Python API and the MCP tool said "cannot read it (Not a directory)" and no more,
         while the command line, which looks at its option first, named the file on the way."""
-        problem = file_path_problem(self.path)
+        problem = self._path_problem()
         if problem is not None:
             return LedgerError(f"ledger {self.shown} {problem}", code=UNUSABLE_FILE)
         if isinstance(exc, NotRegularFile):  # its words say what is there and the fix
@@ -592,7 +600,7 @@ class Ledger:
         except OutsideWorkdir:
             raise
         except OSError:
-            problem = file_path_problem(self.path)
+            problem = self._path_problem()
             if problem is None:
                 raise
             raise LedgerError(f"ledger {self.shown} {problem}", code=UNUSABLE_FILE) from None

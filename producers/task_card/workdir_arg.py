@@ -124,11 +124,12 @@ def not_a_directory(text: str) -> str:
     return dangling_link(path, lead) or link_loop(path, lead) or "is not a directory"
 
 
-def file_path_problem(path: Path) -> str | None:
+def file_path_problem(path: Path, *, in_a_folder: str = "give a path in a folder") -> str | None:
     """Why `path` cannot name a file to read or create, in words after the name, or None when
     it can (it is a file, or nothing is there yet under a folder that is one). For options that
     name a file (`ledger --ledger`): a dangling link was read as "no such file" and written
-    through, a link loop and a file on the way came out as the system's bare words, exit 1."""
+    through, a link loop and a file on the way came out as the system's bare words, exit 1.
+    `in_a_folder`: the fix for a file on the way, for a path nobody typed (a default)."""
     dangling = dangling_link(path, "cannot be reached: ")
     if dangling is not None:
         return dangling + "; restore what it points to, or fix the link"
@@ -141,7 +142,7 @@ def file_path_problem(path: Path) -> str | None:
         if exc.errno == errno.ENOTDIR:
             on_way = file_on_path(path)
             where = "" if on_way is None else f" ({shown_path(on_way)} is a file)"
-            return f"goes through a file as if it were a folder{where}; give a path in a folder"
+            return f"goes through a file as if it were a folder{where}; {in_a_folder}"
         if exc.errno == errno.ENAMETOOLONG:
             return f"cannot be used ({exc.strerror}); give a shorter path"
     return None

@@ -156,10 +156,14 @@ async def test_a_file_where_the_ledger_folder_belongs_is_said_alike_by_every_wri
     in_the_way.write_text("notes\n")
     said = (
         f"{in_the_way}/long-task-ledger.json goes through a file as if it were a folder"
-        f" ({in_the_way} is a file); give a path in a folder"
+        f" ({in_the_way} is a file); "
     )
+    # The command line names the default ledger as that (no --ledger was typed), and MCP's
+    # fix is to move the file: neither can give another path (a ledger over MCP is always
+    # the default one; the command line may, with --ledger).
     assert cli(workdir, "init", "t", "--purpose", "p") == (
-        f"--ledger: ledger/long-task-ledger.json {said.split(' ', 1)[1]}"
+        f"the workdir's default ledger {said}move that file aside, or give another ledger"
+        " file with --ledger"
     )
     async with mcp_session(workdir, runtime_dir) as session:
         result = await session.call_tool(
@@ -168,9 +172,10 @@ async def test_a_file_where_the_ledger_folder_belongs_is_said_alike_by_every_wri
     assert result.structured_content == {
         "status": "failed",
         "code": "unusable_file",
-        "message": f"ledger {said}",
+        "message": f"ledger {said}move that file aside",
     }
     with pytest.raises(LedgerError) as raised:
         Ledger(workdir / LEDGER).init("t", "p")
+    said += "give a path in a folder"
     assert (str(raised.value), raised.value.code) == (f"ledger {said}", "unusable_file")
     assert in_the_way.read_text() == "notes\n"
