@@ -264,7 +264,7 @@ async def test_a_ledger_folder_that_cannot_be_made_is_a_failed_result_not_a_lost
             assert content["code"] == "unusable_file", content
             assert message == (
                 f"ledger {in_the_way}/long-task-ledger.json goes through a file as if it were a"
-                f" folder ({in_the_way} is a file); give a path in a folder"
+                f" folder ({in_the_way} is a file); move that file aside"
             ), message
         assert in_the_way.read_text() == "notes of the agent\n"
         reported = await session.call_tool("report", {"ok": True})
