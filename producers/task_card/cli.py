@@ -36,6 +36,7 @@ from taskcard.producers.task_card.client import (
     HostUnavailable,
     call_failed,
     call_via_host,
+    held_refusal,
     host_log_file,
     ping,
 )
@@ -374,7 +375,10 @@ def _detach(args: argparse.Namespace, paths: HostPaths) -> int:
             return EXIT_OK
         code = proc.poll()
         if code is not None:
-            if code != EXIT_ALREADY_RUNNING:
+            if code == EXIT_ALREADY_RUNNING:
+                # The host's own refusal went to its log: this exited 3 without a word.
+                _say(args, held_refusal(paths))
+            else:
                 _say(args, f"the task card host exited with code {code}; see {paths.log}")
             return code
         time.sleep(0.05)

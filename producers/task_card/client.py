@@ -153,7 +153,14 @@ def spawn_detached_host(paths: HostPaths, idle_grace_s: float | None = None) -> 
     ]
     if idle_grace_s is not None:
         command += ["--idle-grace-s", str(idle_grace_s)]
-    done = subprocess.run(command, stdin=subprocess.DEVNULL, timeout=SPAWN_TIMEOUT_S * 2)
+    # Its words are not the caller's: a refusal (exit 3) is weighed below and said once by
+    # the caller (`held_refusal` after the wait), a failure by the line raised here.
+    done = subprocess.run(
+        command,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=SPAWN_TIMEOUT_S * 2,
+    )
     if done.returncode == EXIT_ALREADY_RUNNING and not ping(paths):
         holder = workdir_lock.read_holder(paths.workdir)
         # A host of ours still starting will answer soon (`ensure_host` waits for it); a
@@ -199,32 +206,45 @@ def ensure_host(paths: HostPaths, idle_grace_s: float | None = None) -> None:
         # The host we started was refused (exit 3): a host of ours holds the workdir and did
         # not answer in all that time. That was "no task card host answered", exit 4, as if
         # none ran: the user went looking for a host that failed to start.
-        holder = workdir_lock.read_holder(paths.workdir)
-        if holder is not None and (
-            holder.served is False or holder.runtime_dir != str(paths.runtime_dir)
-        ):
-            raise HostElsewhere(holder.describe(paths.workdir))  # another took it meanwhile
-        raise HostElsewhere(_silent_holder(paths, holder))
+        raise HostElsewhere(held_refusal(paths, SPAWN_TIMEOUT_S))
     raise HostUnavailable(
         f"no task card host answered for {paths.workdir}; see its log at {paths.log}"
     )
 
 
-def _silent_holder(paths: HostPaths, holder: workdir_lock.Holder | None) -> str:
-    """Why no host answers for a workdir whose lock a host of ours holds: its pid and program
-    (from the workdir's note, else the pid in the runtime lock), and what to do."""
+def held_refusal(paths: HostPaths, waited_s: float | None = None) -> str:
+    """Why a host started for the workdir was refused (it is held), naming the holder: as
+    `Holder.describe` says it for one we cannot talk to, else for a host of ours that does not
+    answer on its socket (`waited_s`: how long it was given, None when not waited for), its
+    pid and program (from the workdir's note, else the pid in the runtime lock) and the fix."""
+    holder = workdir_lock.read_holder(paths.workdir)
+    if holder is not None and (
+        holder.served is False or holder.runtime_dir != str(paths.runtime_dir)
+    ):
+        return holder.describe(paths.workdir)
     pid = holder.pid if holder is not None else None
     if pid is None:
         pid = _runtime_lock_pid(paths)
     program = f": {shown_path(holder.program)}" if holder and holder.program else ""
     named = "unknown" if pid is None else str(pid)
     end = f"end it (kill {pid})" if pid is not None else "end it"
-    return (
-        f"a task_card host holds {shown_path(paths.workdir)} (pid {named}{program}) but did"
-        f" not answer on its socket {shown_path(paths.socket)} within {SPAWN_TIMEOUT_S:g} s:"
-        f" it is stopped, stuck, or its socket was removed; see its log at"
+    said = (
+        f"a task_card host holds {shown_path(paths.workdir)} (pid {named}{program}) but"
+        f" {{}} on its socket {shown_path(paths.socket)}{{}}: {{}}see its log at"
         f" {shown_path(paths.log)}, then {end} and call again (its watch resumes in the next"
         " host)"
+    )
+    if waited_s is None:
+        return said.format(
+            "does not answer",
+            " yet",
+            "a host still starting answers in a moment (call again); one that never does is"
+            " stopped, stuck, or its socket was removed: ",
+        )
+    return said.format(
+        "did not answer",
+        f" within {waited_s:g} s",
+        "it is stopped, stuck, or its socket was removed; ",
     )
 
 

@@ -59,3 +59,17 @@ async def test_an_mcp_call_meeting_a_silent_holder_is_workdir_held(
     assert answer.is_error and result is not None, answer
     assert result["code"] == "workdir_held", result
     _names_the_holder(result["message"], pid, cli)
+
+
+def test_host_detach_meeting_a_silent_holder_says_why_it_exits_3(
+    cli: CliHost, silent_host: int
+) -> None:
+    """`taskcard host --detach` exited 3 without a word: the refused host's reason went to
+    its log. Now it names the holder at once (a host still starting may yet answer)."""
+    pid = silent_host
+    done = cli.run("host", "--detach", timeout_s=240)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.startswith("taskcard host: a task_card host holds "), done.stderr
+    assert f"(pid {pid}: " in done.stderr and "does not answer on its socket" in done.stderr
+    assert f"end it (kill {pid}) and call again" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
