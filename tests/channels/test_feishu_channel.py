@@ -245,11 +245,17 @@ async def test_per_chat_send_limit(fake: FakeFeishu) -> None:
         await channel.send(CHAT, channel.render_text("first"))
         with pytest.raises(RateLimited) as caught:
             await channel.send(CHAT, channel.render_text("second"))
-        assert (caught.value.scope, caught.value.retry_after_s) == ("feishu:app", 9.0)
+        # Feishu's 230020 (the chat's throttle, no reset header): that chat alone, a second.
+        assert (caught.value.scope, caught.value.retry_after_s) == (
+            f"feishu:chat:{CHAT.chat_id}",
+            1.0,
+        )
+        assert caught.value.scope in {s.key for s in channel.rate_scopes(CHAT, "send", None)}
         await channel.send(ChatRef("oc_other"), channel.render_text("elsewhere"))
     finally:
         await channel.stop()
     assert fake.texts(CHAT.chat_id) == ["first"]
+    assert [(e.http_status, e.code) for e in fake.errors()] == [(400, 230020)]
 
 
 async def test_card_older_than_14_days_is_gone(fake: FakeFeishu, channel: FeishuChannel) -> None:

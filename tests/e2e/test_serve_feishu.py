@@ -27,7 +27,7 @@ from tests.e2e.harness import (
     publish,
     run_cli,
 )
-from tests.fakes.feishu_api import FakeFeishu
+from tests.fakes.feishu_api import FakeFeishu, FakeLimits
 from tests.redis_server import free_port
 
 CHAT = "oc_fleet_group"
@@ -152,6 +152,31 @@ async def test_card_older_than_14_days_is_replaced_once(tmp_path: Path, fake: Fa
         assert len(fake.requests_of("send")) == 2
         assert [r.code for r in fake.requests_of("patch")].count(230031) == 1
         assert await serve.aterminate() == 0
+
+
+async def test_a_chats_send_throttle_pauses_that_chat_not_the_app(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """Feishu answers a chat's sixth message in a second with its throttle, 230020 (HTTP
+    400, no reset header), as the send page documents; the app's 99991400 is another limit.
+    The service pauses that chat alone, a second at a time, and posts each card once when
+    the chat takes messages again."""
+    fake.limits = FakeLimits(chat_send=1, window_s=4.0)
+    setup = Setup(tmp_path, fake, ["alpha", "gamma"])
+    with setup.serve() as serve:
+        for agent in ("alpha", "gamma"):
+            publish(tmp_path / "agents" / agent, f"{agent} v1")
+        await eventually(
+            lambda: all(any(f"{a} v1" in t for t in card_texts(fake)) for a in ("alpha", "gamma")),
+            timeout_s=60,
+            what="both cards, once the chat takes messages again",
+        )
+        assert await serve.aterminate() == 0
+    assert {r.code for r in fake.errors()} == {230020}
+    assert f"pausing scope feishu:chat:{CHAT}" in serve.logs
+    assert "pausing scope feishu:app" not in serve.logs
+    assert len(card_texts(fake)) == 2
+    assert len([r for r in fake.requests_of("send") if r.code == 0]) == 2
 
 
 async def test_storm_is_coalesced_without_rate_limit_errors(

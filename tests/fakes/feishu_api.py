@@ -33,9 +33,10 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
 - A chat dissolved (`dissolve_chat`): every send, reply, update, delete and pin there ->
   232009; a one-to-one chat whose person turned the bot off (`stop_bot`): sends -> 230053
   (the calls Feishu documents these codes for, with its words).
-- Limits: sends per chat and requests per app (per second and per minute) -> HTTP 429,
-  code 99991400 and the `x-ogw-ratelimit-reset` header. Only accepted requests count
-  toward a window.
+- Limits: requests per app (per second and per minute) -> HTTP 429, code 99991400 and the
+  `x-ogw-ratelimit-reset` header (the gateway's limit); sends and replies per chat -> HTTP
+  400, code 230020, no header (the message service's throttle, as the send and reply pages
+  document it). Only accepted requests count toward a window.
 - The long connection: `POST /callback/ws/endpoint` and a websocket at `/ws` that speaks
   lark-oapi's protobuf frames, so `lark_oapi.ws.Client` connects and receives events
   pushed with `push_ws_event`; the client's answer codes are kept by event id (`ws_answers`).
@@ -1066,7 +1067,10 @@ class FakeFeishu:
             raise _Refusal(400, 230002, "The bot is not in the chat.")
         limits = self.limits
         if self._windows.full(f"chat:{chat_id}", limits.chat_send, limits.window_s, now):
-            raise self._rate_limited()
+            # The chat's own limit (5 per second, shared by the bots in it) is the message
+            # service's throttle, documented for sends and replies as 230020, not the
+            # gateway's per-app 99991400.
+            raise _Refusal(400, 230020, "This operation triggers the frequency limit.")
 
     def _post(
         self,
