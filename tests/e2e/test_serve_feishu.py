@@ -33,6 +33,9 @@ from tests.redis_server import free_port
 CHAT = "oc_fleet_group"
 VERIFY = "fake-verification-token"
 ENCRYPT = "fake-encrypt-key"
+# A tenant whose administrator lets bots recall their messages for 30 days (Feishu's default
+# is 24 hours): the copy a card past its 14 days left can then still be recalled.
+TENANT_RECALL_WINDOW_S = 30 * 24 * 3600.0
 
 
 @pytest.fixture
@@ -177,6 +180,35 @@ async def test_a_chats_send_throttle_pauses_that_chat_not_the_app(
     assert "pausing scope feishu:app" not in serve.logs
     assert len(card_texts(fake)) == 2
     assert len([r for r in fake.requests_of("send") if r.code == 0]) == 2
+
+
+async def test_a_replaced_copy_past_the_recall_window_stays_and_is_not_asked_again(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """A card past Feishu's 14 days is posted anew; its old copy is older than the 24 hours in
+    which a bot may recall its message by default, so Feishu answers the recall 230009. The
+    copy stays (nothing else can remove it), the route goes on with its new card, and the
+    recall is asked neither again nor by the next run."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "v1")
+        await eventually(lambda: card_texts(fake), what="the card")
+        first = fake.chat(CHAT)[0].message_id
+        fake.age_message(first, days=15)
+        publish(workdir, "v2 on a fresh card")
+        await eventually(lambda: fake.requests_of("delete"), what="the refused recall")
+        publish(workdir, "v3")
+        await eventually(lambda: any("v3" in t for t in card_texts(fake)), what="v3")
+        assert await serve.aterminate() == 0
+    with setup.serve() as again:
+        publish(workdir, "v4")
+        await eventually(lambda: any("v4" in t for t in card_texts(fake)), what="v4")
+        assert await again.aterminate() == 0
+    assert [(r.message_id, r.code) for r in fake.requests_of("delete")] == [(first, 230009)]
+    assert "disabled" not in serve.logs + again.logs
+    assert len(fake.requests_of("send")) == 2
+    assert fake.chat(CHAT)[0].message_id == first  # it still shows
 
 
 async def test_storm_is_coalesced_without_rate_limit_errors(
@@ -864,6 +896,7 @@ async def test_a_delete_refused_by_the_rate_limit_is_tried_again_once_its_window
         await eventually(lambda: card_texts(fake), what="the card")
         first = fake.chat(CHAT)[0].message_id
         fake.age_message(first, days=15)
+        fake.recall_window_s = TENANT_RECALL_WINDOW_S
         fake.script_rate_limit("delete", reset_s=3)
         publish(workdir, "v2 on a fresh card")
         await eventually(lambda: fake.requests_of("delete"), what="the refused recall")
@@ -926,6 +959,7 @@ async def test_a_delete_refused_by_the_rate_limit_is_made_after_a_restart_inside
         await eventually(lambda: card_texts(fake), what="the card")
         first = fake.chat(CHAT)[0].message_id
         fake.age_message(first, days=15)
+        fake.recall_window_s = TENANT_RECALL_WINDOW_S
         fake.script_rate_limit("delete", reset_s=LONG_WINDOW_S)
         publish(workdir, "v2 on a fresh card")
         await eventually(lambda: fake.requests_of("delete"), what="the refused recall")

@@ -29,7 +29,9 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
   an id the fake never issued -> 230001 "invalid message_id" (as Feishu documents),
   recalled -> 230011, deleted -> 230110, older than 14 days (injectable clock) -> 230031,
   more than 5 per second per message -> 230020.
-- `DELETE /open-apis/im/v1/messages/:id` (recall) and `POST /open-apis/im/v1/pins`.
+- `DELETE /open-apis/im/v1/messages/:id` (recall): only within the tenant's recall window
+  of the message's sending (`recall_window_s`, 24 hours by default, as Feishu documents),
+  else 230009; the bot removed from the chat -> 230002. `POST /open-apis/im/v1/pins`.
 - A chat dissolved (`dissolve_chat`): every send, reply, update, delete and pin there ->
   232009; a one-to-one chat whose person turned the bot off (`stop_bot`): sends -> 230053
   (the calls Feishu documents these codes for, with its words).
@@ -79,6 +81,8 @@ CARD_LIMIT_BYTES = 30 * 1024
 # A text message's request body may be at most 150 KB (cards: 30 KB); beyond, code 230025.
 TEXT_LIMIT_BYTES = 150 * 1024
 UPDATE_WINDOW_S = 14 * 24 * 3600.0
+# Feishu's default for a bot recalling its own message (a tenant's administrator may change it).
+RECALL_WINDOW_S = 24 * 3600.0
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 UUID_WINDOW_S = 3600.0
 # While the newest token has at least this long left, a token request answers it again with
@@ -351,6 +355,9 @@ class FakeFeishu:
         self.bot_open_id = "ou_fake_bot"
         self.app_name = "taskcard"  # the bot's name, as its info and its mentions give it
         self.bot_info_available = True
+        # How long after posting the bot may recall its message: the tenant's setting, 24
+        # hours unless its administrator changed it (230009 past it).
+        self.recall_window_s = RECALL_WINDOW_S
         # uuid -> (message id, wall-clock time of the first send)
         self._sent_uuids: dict[str, tuple[str, float]] = {}
         self.base_url = ""
@@ -1272,6 +1279,10 @@ class FakeFeishu:
             message = self._existing(message_id)
             chat_id = message.chat_id
             self._check_chat(chat_id)
+            if chat_id in self.removed_from:
+                raise _Refusal(400, 230002, "The bot can not be outside the group.")
+            if self.now_s() - message.created_at_s > self.recall_window_s:
+                raise _Refusal(400, 230009, "Message can only be recalled within one days.")
         except _Refusal as refusal:
             return self._refusal(request, "delete", refusal, chat_id, message_id)
         self._record_app(now)
