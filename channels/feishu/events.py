@@ -73,6 +73,9 @@ USER_MENTION_PREFIX = "@_user_"
 # How a mention of everyone in the chat reads when Feishu gives it no name (the Chinese
 # client shows "@所有人", which is its name when it is listed).
 ALL_MENTION_SHOWN = "@all"
+# An `X-Lark-Request-Timestamp` above this is milliseconds: as seconds it would be past the
+# year 5000, as milliseconds it is any time after 1973.
+MILLISECOND_STAMPS_ABOVE = 1e11
 
 log = logging.getLogger(__name__)
 
@@ -208,8 +211,9 @@ def decode_callback(
 
 
 def check_request_age(stamp: str | None, now_s: float, max_age_s: float, skew_s: float) -> None:
-    """Raise `EventRejected` unless `stamp` (epoch seconds) is at most `max_age_s` old and at
-    most `skew_s` in the future, with `skew_s` of slack on the old side too (clocks differ)."""
+    """Raise `EventRejected` unless `stamp` (epoch seconds, or milliseconds: see
+    `MILLISECOND_STAMPS_ABOVE`) is at most `max_age_s` old and at most `skew_s` in the
+    future, with `skew_s` of slack on the old side too (clocks differ)."""
     if stamp is None:
         raise EventRejected(401, "request timestamp missing")
     # ASCII digits only: `float` also reads other scripts' digits ("١٧٠٠٠٠٠٠٠٠").
@@ -221,6 +225,10 @@ def check_request_age(stamp: str | None, now_s: float, max_age_s: float, skew_s:
         raise EventRejected(401, "request timestamp is not a number") from None
     if not math.isfinite(sent_s):
         raise EventRejected(401, "request timestamp is not a number")
+    if sent_s > MILLISECOND_STAMPS_ABOVE:
+        # Feishu's pages name the header but not its unit: seconds as Feishu sends it, and
+        # milliseconds as its events' own `create_time` are written, told apart by size.
+        sent_s /= 1000.0
     age_s = now_s - sent_s
     if age_s > max_age_s + skew_s:
         raise EventRejected(401, "request timestamp too old (replayed or delayed)")

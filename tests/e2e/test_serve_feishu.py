@@ -235,6 +235,28 @@ async def test_storm_is_coalesced_without_rate_limit_errors(
         assert await serve.aterminate() == 0
 
 
+async def test_a_callback_stamped_in_milliseconds_is_taken(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """Feishu's pages name `X-Lark-Request-Timestamp` but not its unit (Feishu writes seconds;
+    its events' `create_time` are milliseconds): a signed command stamped now in milliseconds
+    is answered, not refused as sent from the far future. A stale one still is."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "visible body")
+        await eventually(lambda: any("visible body" in t for t in card_texts(fake)), what="card")
+        document = fake.command_event(CHAT, "/taskcard off", verification_token=VERIFY)
+        answer = await fake.deliver_event(setup.url, document, encrypt_key=ENCRYPT, stamp_ms=True)
+        assert (answer.status, answer.body) == (200, {"msg": "success"})
+        await eventually(lambda: any("hidden" in t.lower() for t in card_texts(fake)), what="off")
+        fake.advance_time(-3600)  # the next stamp an hour old
+        stale = fake.command_event(CHAT, "/taskcard on", verification_token=VERIFY)
+        answer = await fake.deliver_event(setup.url, stale, encrypt_key=ENCRYPT, stamp_ms=True)
+        assert answer.status == 401
+        assert await serve.aterminate() == 0
+    assert "request timestamp too old" in serve.logs
+
+
 async def test_off_and_on_through_webhook_events(tmp_path: Path, fake: FakeFeishu) -> None:
     setup = Setup(tmp_path, fake, ["builder"])
     workdir = tmp_path / "agents" / "builder"

@@ -731,6 +731,7 @@ class FakeFeishu:
         *,
         encrypt_key: str | None = None,
         bad_signature: bool = False,
+        stamp_ms: bool = False,
     ) -> Delivery:
         """POST one callback to `url` as Feishu does (sealed and signed with `encrypt_key`)."""
         return await self.deliver_body(
@@ -738,6 +739,7 @@ class FakeFeishu:
             json.dumps(document, ensure_ascii=False).encode(),
             encrypt_key=encrypt_key,
             bad_signature=bad_signature,
+            stamp_ms=stamp_ms,
         )
 
     async def deliver_body(
@@ -748,14 +750,19 @@ class FakeFeishu:
         encrypt_key: str | None = None,
         bad_signature: bool = False,
         outer: bytes | None = None,
+        stamp_ms: bool = False,
     ) -> Delivery:
         """POST the bytes `plain` as a callback body, sealed in `{"encrypt": ...}` and signed
         with `encrypt_key` when given, as Feishu would send them were they an event's JSON;
-        `outer` replaces the whole body (still signed), for a broken envelope."""
+        `outer` replaces the whole body (still signed), for a broken envelope. `stamp_ms`
+        writes `X-Lark-Request-Timestamp` in milliseconds (the pages do not name its unit;
+        Feishu writes seconds)."""
         headers = {"Content-Type": "application/json"}
         if encrypt_key:
             raw = outer or json.dumps({"encrypt": seal(plain, encrypt_key)}).encode()
-            stamp, nonce = str(int(self.now_s())), secrets.token_hex(8)
+            now_s = self.now_s()
+            stamp = str(int(now_s * 1000) if stamp_ms else int(now_s))
+            nonce = secrets.token_hex(8)
             digest = hashlib.sha256((stamp + nonce + encrypt_key).encode() + raw).hexdigest()
             headers["X-Lark-Request-Timestamp"] = stamp
             headers["X-Lark-Request-Nonce"] = nonce
