@@ -64,7 +64,10 @@ SCOPE_MISSING = 99991672
 # once it is posted; refused for good, the card posted meanwhile would be unknown and a
 # later send would post a second one.
 BEING_SENT = 230049
-TOKEN_INVALID = frozenset({99991661, 99991663, 99991668, 99991677})
+# The tenant token refused: missing (99991661), invalid (99991663, and 99991665 "Illegal
+# tenant access token"), not a token's form (99991671, "must start with t-/u-"), or
+# expired (99991668, 99991677), as the server error codes page lists them.
+TOKEN_INVALID = frozenset({99991661, 99991663, 99991665, 99991668, 99991671, 99991677})
 
 GONE_CODES = frozenset({MESSAGE_RECALLED, MESSAGE_TOO_OLD, MESSAGE_DELETED})
 # Answers by which Feishu says the bot cannot reach the chat at all: the route is disabled

@@ -540,6 +540,34 @@ async def test_tell_to_an_unknown_agent_of_a_large_fleet_lists_whole_names_that_
         assert await serve.aterminate() == 0
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [(99991665, "invalid tenant code"), (99991671, "Invalid token: must start with t-/u-")],
+)
+async def test_a_token_refused_with_any_documented_code_is_fetched_anew(
+    tmp_path: Path, fake: FakeFeishu, answer: tuple[int, str]
+) -> None:
+    """Feishu's server error codes page has more codes for a refused tenant token than
+    99991663: "Illegal tenant access token" (99991665) and a token not of its form
+    (99991671). Either drops the token: a new one is fetched and the card updated, not
+    refused as a bad request while the same token is sent again until it expires."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    workdir = tmp_path / "agents" / "builder"
+    with setup.serve() as serve:
+        publish(workdir, "first body")
+        await eventually(lambda: any("first body" in t for t in card_texts(fake)), what="card")
+        fake.refused_token_answer = answer
+        fake.revoke_tokens()
+        publish(workdir, "second body")
+        await eventually(
+            lambda: any("second body" in t for t in card_texts(fake)), what="patch", timeout_s=60
+        )
+        assert await serve.aterminate() == 0
+    assert [r.code for r in fake.requests_of("patch")].count(answer[0]) == 1
+    assert len(fake.requests_of("token")) == 2
+    assert len(card_texts(fake)) == 1
+
+
 async def test_a_rate_limited_token_request_pauses_and_keeps_the_channel(
     tmp_path: Path, fake: FakeFeishu
 ) -> None:

@@ -4,7 +4,8 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
 
 - `POST /open-apis/auth/v3/tenant_access_token/internal`: tokens for the one configured app
   (a wrong secret is refused with code 10014); every other call needs `Bearer <token>`
-  (missing: 99991661, unknown or expired: 99991663). As on Feishu, a request while the
+  (missing: 99991661, unknown or expired: 99991663, or the code `refused_token_answer`
+  names). As on Feishu, a request while the
   newest token has half an hour or more left answers that token again, its `expire` the
   seconds it has left; with less, a new one (the old stays valid until it expires). Tokens
   expire on the rate clock, so `advance_time` (for the 14-day window) does not expire
@@ -355,6 +356,13 @@ class FakeFeishu:
         self.bot_open_id = "ou_fake_bot"
         self.app_name = "taskcard"  # the bot's name, as its info and its mentions give it
         self.bot_info_available = True
+        # How an unknown or expired tenant token is refused. The server error codes page
+        # lists 99991663 ("tenant token invalid") and also 99991665 ("Illegal tenant access
+        # token") and 99991677 ("token expire"); a test may choose another.
+        self.refused_token_answer: tuple[int, str] = (
+            99991663,
+            "Invalid access token for authorization.",
+        )
         # How long after posting the bot may recall its message: the tenant's setting, 24
         # hours unless its administrator changed it (230009 past it).
         self.recall_window_s = RECALL_WINDOW_S
@@ -954,7 +962,7 @@ class FakeFeishu:
             raise _Refusal(400, 99991661, "Missing access token for authorization.")
         expires_at = self._tokens.get(auth[7:].strip())
         if expires_at is None or expires_at <= self._rate_clock():
-            raise _Refusal(400, 99991663, "Invalid access token for authorization.")
+            raise _Refusal(400, *self.refused_token_answer)
 
     def _check_app_limit(self, now_s: float) -> None:
         limits = self.limits
