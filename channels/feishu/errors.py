@@ -39,6 +39,11 @@ from taskcard.channels.errors import (
 INVALID_PARAMETER = 230001
 APP_RATE_LIMITED = 99991400
 MESSAGE_RATE_LIMITED = 230020
+# The message service's own limits as the server error codes page lists them: "create
+# message service trigger rate limit" (11232) and "internal send message trigger rate
+# limit" (11247) for the app, "create message chat trigger rate limit" (11233) for a chat.
+SERVICE_RATE_LIMITED = frozenset({11232, 11247})
+CHAT_RATE_LIMITED = 11233
 MESSAGE_RECALLED = 230011
 MESSAGE_TOO_OLD = 230031
 MESSAGE_DELETED = 230110
@@ -147,9 +152,9 @@ def translate(
     if code == 0 and status < 400:
         return None
     detail = f"feishu: HTTP {status}, code {code}: {msg or 'no message'}"
-    if status == 429 or code == APP_RATE_LIMITED:
+    if status == 429 or code == APP_RATE_LIMITED or code in SERVICE_RATE_LIMITED:
         return RateLimited(retry_after_s(headers), app_scope, detail)
-    if code == MESSAGE_RATE_LIMITED:
+    if code in (MESSAGE_RATE_LIMITED, CHAT_RATE_LIMITED):
         return RateLimited(retry_after_s(headers), narrow_scope, detail)
     if code in GONE_CODES:
         return MessageGone(detail)

@@ -182,6 +182,29 @@ async def test_a_chats_send_throttle_pauses_that_chat_not_the_app(
     assert len([r for r in fake.requests_of("send") if r.code == 0]) == 2
 
 
+@pytest.mark.parametrize(
+    ("code", "scope"),
+    [(11233, f"feishu:chat:{CHAT}"), (11232, "feishu:app"), (11247, "feishu:app")],
+)
+async def test_the_message_services_own_limit_codes_are_pauses_not_refusals(
+    tmp_path: Path, fake: FakeFeishu, code: int, scope: str
+) -> None:
+    """Feishu's server error codes page lists the message service's limits beside 99991400:
+    11232 ("create message service trigger rate limit"), 11233 ("create message chat
+    trigger rate limit") and 11247 ("internal send message trigger rate limit"). A send
+    answered so is paused (the chat's for 11233, the app's for the others) and posted once
+    the pause is over, without the agent changing anything; it is not refused for good."""
+    fake.script_error("send", code, msg="create message trigger rate limit")
+    setup = Setup(tmp_path, fake, ["builder"])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "v1")
+        await eventually(lambda: card_texts(fake), timeout_s=60, what="the card, once paused")
+        assert await serve.aterminate() == 0
+    assert [r.code for r in fake.requests_of("send")] == [code, 0]
+    assert f"pausing scope {scope}" in serve.logs
+    assert len(card_texts(fake)) == 1
+
+
 async def test_a_replaced_copy_past_the_recall_window_stays_and_is_not_asked_again(
     tmp_path: Path, fake: FakeFeishu
 ) -> None:
