@@ -44,6 +44,9 @@ _STANDARD_ATTRS: Final = frozenset(logging.LogRecord("", 0, "", 0, "", None, Non
     "taskName",
 }
 _DIGITS: Final = re.compile(r"\d+")
+# The agent or route a line is about, at its head ("agent worker-7: ..."): kept as written in
+# the repeat limiter's kind, so each agent's or route's first line of a kind is logged.
+_SUBJECT: Final = re.compile(r"(?:agent|route) \S+: ")
 # `extra=EVERY_TIME` marks a record the repeat limiter never holds back: the answer to an
 # operator's own action (a SIGHUP's refused reload), which each action is owed, however
 # like the one before it. The mark itself is not written out.
@@ -116,7 +119,10 @@ class RepeatLimiter(logging.Filter):
     (a record logged with `extra=EVERY_TIME` always passes).
 
     Messages are of one kind when the logger, the level and the text with its numbers blanked
-    out agree ("refresh of builder failed (attempt 7)" and "... (attempt 8)"). Below WARNING
+    out agree ("refresh of builder failed (attempt 7)" and "... (attempt 8)"), the agent or
+    route a line starts with ("agent worker-7: ", "route telegram:-100123::builder: ") kept as
+    written: the numbers in such a name tell fleets of agents apart, so the same problem of
+    forty agents is forty lines, each once, not the first agent's alone. Below WARNING
     nothing is held back: debug output is asked for on purpose. A held-back count is reported
     on the next message of its kind after the interval; `time_s` is injectable for tests.
     """
@@ -136,7 +142,7 @@ class RepeatLimiter(logging.Filter):
         if record.levelno < logging.WARNING or getattr(record, _EVERY_TIME_ATTR, False):
             return True
         message = record.getMessage()
-        key = (record.name, record.levelno, _DIGITS.sub("#", message))
+        key = (record.name, record.levelno, _kind(message))
         now = self._time_s()
         window = self._windows.get(key)
         if window is not None and now - window[0] < self._interval_s:
@@ -152,6 +158,14 @@ class RepeatLimiter(logging.Filter):
             record.args = None
             record.suppressed = suppressed
         return True
+
+
+def _kind(message: str) -> str:
+    """`message` with its numbers blanked out, but for the agent or route it starts with."""
+    subject = _SUBJECT.match(message)
+    if subject is None:
+        return _DIGITS.sub("#", message)
+    return subject.group() + _DIGITS.sub("#", message[subject.end() :])
 
 
 class _Settings:

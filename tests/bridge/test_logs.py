@@ -119,6 +119,24 @@ def _record(
         ),
         ([(0, "fail 1"), (61, "fail 2")], ["fail 1", "fail 2"]),
         ([(0, "disk full"), (1, "network down")], ["disk full", "network down"]),
+        # The agent or route a line is about keeps its numbers: one line each, once.
+        (
+            [
+                (0, "agent worker-1: a pipe"),
+                (1, "agent worker-2: a pipe"),
+                (2, "agent worker-1: a pipe"),
+                (3, "route telegram:-1001::w1: gone (7)"),
+                (4, "route telegram:-1002::w1: gone (8)"),
+                (5, "route telegram:-1001::w1: gone"),
+            ],
+            [
+                "agent worker-1: a pipe",
+                "agent worker-2: a pipe",
+                "route telegram:-1001::w1: gone (7)",
+                "route telegram:-1002::w1: gone (8)",
+                "route telegram:-1001::w1: gone",
+            ],
+        ),
     ],
 )
 def test_repeat_limiter(events: list[tuple[float, str]], expected: list[str]) -> None:

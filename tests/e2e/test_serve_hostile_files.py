@@ -774,3 +774,31 @@ async def test_a_refused_lineage_removed_leaves_the_card_and_status(
         assert status.returncode == 0, status.stderr
         agents = {a["agent"]: a for a in json.loads(status.stdout)["agents"]}
         assert agents["builder"]["problems"] == [], agents["builder"]
+
+
+async def test_each_agent_of_a_numbered_fleet_has_its_refusal_logged(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """Agents named worker-1, worker-2, ... with the same problem: the log's limit on repeated
+    warnings blanked the numbers out of every line, so worker-2's and worker-3's refusals
+    were taken for worker-1's and never logged (their cards and `taskcard status` named them,
+    the log only the first). Each agent's is logged, once."""
+    agents = ["worker-1", "worker-2", "worker-3"]
+    serve = setup(tmp_path, fake, agents)
+    for agent in agents:
+        publish(workdir(tmp_path, agent), f"{agent} v1")
+    with serve:
+        await eventually(
+            lambda: all(shows(fake, GROUP, f"{agent} v1") for agent in agents),
+            what="the workers' cards",
+        )
+        for agent in agents:
+            fifo(CardPaths(workdir(tmp_path, agent)).body)
+        lines = [f"agent {agent}: taskcard/taskcard.md is a named pipe" for agent in agents]
+        await eventually(
+            lambda: all(line in serve.logs for line in lines), what="each worker's refusal logged"
+        )
+        publish(workdir(tmp_path, "good"), "good v1")
+        await eventually(lambda: shows(fake, PRIVATE, "good v1"), what="the healthy card")
+        assert await serve.aterminate() == 0
+    assert all(serve.logs.count(line) == 1 for line in lines), serve.logs
