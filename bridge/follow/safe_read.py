@@ -184,11 +184,16 @@ class WorkdirFiles:
         return None if found is None else found[0]
 
     def read_signed(
-        self, path: StrPath, limit: int, *, whole: bool = False
+        self,
+        path: StrPath,
+        limit: int,
+        *,
+        whole: bool = False,
+        judge: Callable[[bytes], str | None] | None = None,
     ) -> tuple[bytes, os.stat_result] | None:
         """`read`, with the status of the very file read (taken from its open descriptor):
         a caller that needs both the bytes and the file's (inode, size, mtime) looks once."""
-        return self._read(path, limit, whole)
+        return self._read(path, limit, whole, judge)
 
     def _read(
         self,

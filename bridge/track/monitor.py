@@ -167,11 +167,29 @@ def _mtime(signature: FileSignature | None) -> datetime | None:
     return moment if EARLIEST_TIME <= moment < LATEST_TIME else None
 
 
-def _shows(raw: bytes) -> bool:
-    """Whether a body shows a reader anything, by the renderer contract's own test: white
-    space, NULs, zero-width or other invisible characters alone are blank (the host refuses
-    such output), and a blank body keeps the last good one shown instead of erasing it."""
-    return bool(raw.strip()) and shows_text(raw.decode("utf-8", errors="replace"))
+def body_problem(raw: bytes) -> str | None:
+    """Why a body's bytes are no card body, or None (an empty file too: a write under way).
+
+    By the renderer contract a body is UTF-8 (the host refuses other output) that shows a
+    reader something: white space, NULs, zero-width or other invisible characters alone are
+    blank (the host refuses such output too). Either kind keeps the last good body shown,
+    and says why; bytes that are not UTF-8 were shown as a screenful of replacement marks."""
+    if not raw:
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return (
+            f"is not UTF-8 text (byte 0x{raw[error.start]:02x} at offset {error.start:,});"
+            " write the body as UTF-8 text, as a renderer prints it (the last good one stays"
+            " shown)"
+        )
+    if not raw.strip() or not shows_text(text):
+        return (
+            "shows nothing (only white space or invisible characters); write a body with"
+            " visible text (the last good one stays shown)"
+        )
+    return None
 
 
 def _text(value: object) -> str:
@@ -373,7 +391,9 @@ class AgentMonitor:
             elif status_sig is not None and (status := self._status(status_sig)) == "active":
                 # An active card's changed body is read anyway, and the descriptor read tells
                 # its signature: one look at the file per change, not a `stat` and a read.
-                signed = self.files.read_signed(paths.body, limit=MAX_BODY_BYTES, whole=True)
+                signed = self.files.read_signed(
+                    paths.body, limit=MAX_BODY_BYTES, whole=True, judge=body_problem
+                )
                 body_read = True  # missing or refused: not tried again below
                 if signed is None:
                     body_sig = signature(paths.body)
@@ -393,8 +413,10 @@ class AgentMonitor:
             status = self._status(status_sig)
         if status == "active":
             if not body_read:
-                raw = self.files.read(paths.body, limit=MAX_BODY_BYTES, whole=True)
-            if raw is not None and (raw == self._body_raw or _shows(raw)):
+                raw = self.files.read(
+                    paths.body, limit=MAX_BODY_BYTES, whole=True, judge=body_problem
+                )
+            if raw and (raw == self._body_raw or body_problem(raw) is None):
                 activated = card.status != "active" or (
                     card.watch_id is not None and card.watch_id != self._card.watch_id
                 )

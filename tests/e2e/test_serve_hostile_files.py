@@ -802,3 +802,49 @@ async def test_each_agent_of_a_numbered_fleet_has_its_refusal_logged(
         await eventually(lambda: shows(fake, PRIVATE, "good v1"), what="the healthy card")
         assert await serve.aterminate() == 0
     assert all(serve.logs.count(line) == 1 for line in lines), serve.logs
+
+
+@pytest.mark.parametrize(
+    ("bytes_written", "row"),
+    [
+        (
+            b"broken v2 \xff\xfe garbage \xed\xa0\x80",
+            "⚠ taskcard/taskcard.md: is not UTF-8 text (byte 0xff at offset 10); write the body"
+            " as UTF-8 text",
+        ),
+        (
+            "\u200b\x00 \u2060\t\n".encode(),
+            "⚠ taskcard/taskcard.md: shows nothing (only white space or invisible characters)",
+        ),
+    ],
+    ids=["not utf-8", "blank"],
+)
+async def test_a_body_that_is_not_utf8_text_or_shows_nothing_is_named_and_not_shown(
+    tmp_path: Path, fake: FakeTelegram, bytes_written: bytes, row: str
+) -> None:
+    """Bytes that are not UTF-8 (random bytes, a lone surrogate's bytes) were shown on the
+    card as a screenful of replacement marks, and a blank body kept the last one with no
+    word: neither said anything in `taskcard status` or the log. The renderer contract
+    refuses both; the card keeps its last good body with a row naming the file and the fix,
+    until a good body comes."""
+    serve = setup(tmp_path, fake, ["broken"])
+    broken, good = workdir(tmp_path, "broken"), workdir(tmp_path, "good")
+    publish(broken, "broken v1")
+    with serve:
+        await eventually(lambda: shows(fake, GROUP, "broken v1"), what="the first card")
+        atomic_write(CardPaths(broken).body, bytes_written)
+        await eventually(lambda: shows(fake, GROUP, row), what="the row naming the body")
+        assert all("broken v1" in text for text in texts(fake, GROUP)), texts(fake, GROUP)
+        assert "\ufffd" not in every_text(fake)
+        problem = row.removeprefix("⚠ ")
+        assert any(p.startswith(problem) for p in status_json(serve.config)["broken"])
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, PRIVATE, "good v1"), what="the healthy card")
+        publish(broken, "broken v3")
+        await eventually(
+            lambda: any("broken v3" in t and "⚠" not in t for t in texts(fake, GROUP)),
+            what="the good body shown and the row gone",
+        )
+        assert await serve.aterminate() == 0
+    logged = f"agent broken: taskcard/taskcard.md {problem.split(': ', 1)[1][:20]}"
+    assert serve.logs.count(logged) == 1, serve.logs
