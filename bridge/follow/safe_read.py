@@ -281,6 +281,9 @@ class WorkdirFiles:
         except OSError as error:
             if error.errno in _MISSING:
                 return None
+            if error.errno == errno.EACCES:
+                # `lstat` needs no access to the file, only to enter each folder on its way.
+                raise Refused(_folder_reason(root, real)) from None
             raise Refused(_os_reason(error)) from None
         if not stat.S_ISREG(st.st_mode):
             raise Refused(
@@ -500,6 +503,24 @@ def _too_large(limit: int) -> str:
     return (
         f"is larger than the {limit // 1024:,} KB the service reads of it; keep it shorter"
         " (the last good one stays shown)"
+    )
+
+
+def _folder_reason(root: str, real: str) -> str:
+    """Why a file inside the workdir `root` could not even be looked at: a folder on its way
+    the service may not enter. Named, with that fix: "grant read access" to the file, said
+    before, changed nothing (the file itself may be readable by anyone)."""
+    folder = root
+    for part in os.path.relpath(os.path.dirname(real), root).split(os.sep):
+        if not os.access(folder, os.X_OK):
+            break
+        folder = os.path.join(folder, part) if part != "." else folder
+    where = (
+        "the workdir itself" if folder == root else f"the folder {os.path.relpath(folder, root)}/"
+    )
+    return (
+        f"is in {where}, which the service may not enter (permission denied); let the"
+        " service's user enter it (search permission: chmod o+x, or a group both share)"
     )
 
 
