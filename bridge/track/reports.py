@@ -39,6 +39,7 @@ from taskcard.producers.reports.contract import (
     Lineage,
     Report,
     line_problem,
+    lineage_problem,
     parse_ack,
     parse_lineage,
     parse_report,
@@ -336,7 +337,8 @@ class AgentSide:
             changed = self.lineage is not None
             self.lineage = None
             return changed
-        lineage = parse_lineage(self._files.read(self.paths.lineage, limit=MAX_LINEAGE_BYTES))
+        raw = self._files.read(self.paths.lineage, limit=MAX_LINEAGE_BYTES, judge=lineage_problem)
+        lineage = parse_lineage(raw)
         if lineage is None or lineage == self.lineage:
             return False  # half-written or unchanged: keep the last good reading
         self.lineage = lineage

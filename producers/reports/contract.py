@@ -238,6 +238,26 @@ def parse_lineage(raw: bytes | None) -> Lineage | None:
     )
 
 
+# How a broken `lineage.json` is fixed, for the service that names one.
+LINEAGE_FIX: Final = "write it as `taskcard spawn` does, or remove it (then no lineage row shows)"
+
+
+def lineage_problem(raw: bytes) -> str | None:
+    """Why the bytes of `lineage.json` are no lineage record, in words that follow its name;
+    None for a record and for an empty file (a write under way). The service's judgment: such
+    a file read as no lineage, and nothing said why."""
+    if not raw.strip():
+        return None
+    data, problem = _line_value(raw)
+    if problem is None and not isinstance(data, dict):
+        problem = "is not a JSON object"
+    elif problem is None and (
+        _short_text(data.get("parent")) is None or _short_text(data.get("reason")) is None
+    ):
+        problem = "has no parent and reason that show text"
+    return None if problem is None else f"{problem}; {LINEAGE_FIX}"
+
+
 @dataclass(frozen=True)
 class Ack:
     """One line of `inbox/acks.jsonl`: the agent side has handed message `id` to the agent."""

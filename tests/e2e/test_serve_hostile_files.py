@@ -848,3 +848,37 @@ async def test_a_body_that_is_not_utf8_text_or_shows_nothing_is_named_and_not_sh
         assert await serve.aterminate() == 0
     logged = f"agent broken: taskcard/taskcard.md {problem.split(': ', 1)[1][:20]}"
     assert serve.logs.count(logged) == 1, serve.logs
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nests too deep to be read"),
+        (b'{"parent": ["lead"], "reason": {"why": 1}}', "has no parent and reason that show text"),
+        (b"\xff lineage", "is not UTF-8 text"),
+    ],
+    ids=["deep", "wrong types", "not utf-8"],
+)
+async def test_a_lineage_file_that_is_no_record_is_named_with_the_fix(
+    tmp_path: Path, fake: FakeTelegram, content: bytes, problem: str
+) -> None:
+    """A `lineage.json` that is not a lineage record (nested too deep, its fields of the wrong
+    type, not UTF-8) read as no lineage without a word: no row, nothing in `taskcard status`
+    or the log. It is named with the fix, and the row goes once a record is written."""
+    serve = setup(tmp_path, fake, ["child"])
+    child = workdir(tmp_path, "child")
+    publish(child, "child v1")
+    row = f"⚠ lineage.json: {problem}; write it as `taskcard spawn` does, or remove it"
+    with serve:
+        await eventually(lambda: shows(fake, GROUP, "child v1"), what="the card")
+        atomic_write(child / "lineage.json", content)
+        await eventually(lambda: shows(fake, GROUP, row), what="the row naming lineage.json")
+        assert any(p.startswith(row[2:]) for p in status_json(serve.config)["child"])
+        await lineage_reaches_card(
+            child, "lead", "split the work", "child v1", lambda: texts(fake, GROUP)
+        )
+        await eventually(
+            lambda: "⚠" not in texts(fake, GROUP)[-1], what="the row gone with a good record"
+        )
+        assert await serve.aterminate() == 0
+    assert f"agent child: lineage.json {problem}" in serve.logs
