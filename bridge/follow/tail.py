@@ -19,11 +19,14 @@ from taskcard.bridge.follow.safe_read import StrPath, WorkdirFiles
 TAIL_BYTES: Final = 256 * 1024
 MAX_READ_BYTES: Final = 8 * 1024 * 1024
 
-FileSignature = tuple[int, int, int]
+# (inode, size, mtime, ctime in ns). The ctime, which no writer can set back, tells an
+# in-place rewrite of the same size whose mtime was put back (`cp -p`, `rsync -t --inplace`,
+# `touch -r`): with the first three alone such a change was never seen.
+FileSignature = tuple[int, int, int, int]
 
 
 def signature(path: StrPath) -> FileSignature | None:
-    """(inode, size, mtime in ns) of `path`, None when there is nothing there.
+    """(inode, size, mtime, ctime in ns) of `path`, None when there is nothing there.
 
     One `lstat`, which is the answer for a regular file and for a missing one (most files
     looked at are one or the other, rescans included). A symlink is followed with a second
@@ -39,7 +42,7 @@ def signature(path: StrPath) -> FileSignature | None:
                 st = os.stat(path)
     except OSError:
         return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @dataclass

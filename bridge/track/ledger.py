@@ -40,7 +40,7 @@ def _joined_ledger_path(workdir: str) -> str:
 # A workdir's ledger path, worked out once (`os.path.join` is Python code, about 50 bytecodes
 # a call, and every rescan looks at each agent's ledger); bounded as `safe_read`'s memos are.
 _ledger_path = functools.lru_cache(maxsize=PATH_MEMO)(_joined_ledger_path)
-Signature = tuple[int, int, int]
+Signature = tuple[int, int, int, int]
 
 
 class LedgerView:
@@ -70,7 +70,7 @@ class LedgerView:
             entry = _REFUSED if name in files.problems else _ABSENT
             self._cache[files] = entry
             return entry[1]
-        signature = (info.st_ino, info.st_size, info.st_mtime_ns)
+        signature = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
         cached = self._cache.get(files)
         if cached is not None and cached[0] == signature:
             return cached[1]

@@ -399,7 +399,12 @@ class AgentMonitor:
                     body_sig = signature(paths.body)
                 else:
                     raw, found = signed
-                    body_sig = (found.st_ino, found.st_size, found.st_mtime_ns)
+                    body_sig = (
+                        found.st_ino,
+                        found.st_size,
+                        found.st_mtime_ns,
+                        found.st_ctime_ns,
+                    )
             else:
                 body_sig = signature(paths.body)
         signatures = (status_sig, body_sig, watch_sig)

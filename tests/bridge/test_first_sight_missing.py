@@ -86,7 +86,12 @@ def test_a_signature_is_one_plain_look_and_a_link_that_leads_nowhere_is_somethin
     plain = tmp_path / "plain.jsonl"
     plain.write_text("x\n")
     info = real_stat(plain)
-    assert signature(plain) == (info.st_ino, info.st_size, info.st_mtime_ns)
+    assert signature(plain) == (
+        info.st_ino,
+        info.st_size,
+        info.st_mtime_ns,
+        info.st_ctime_ns,
+    )
     assert signature(tmp_path / "missing.jsonl") is None
     assert looks == ["lstat", "lstat"]
     (tmp_path / "inside").symlink_to(plain)
@@ -95,4 +100,9 @@ def test_a_signature_is_one_plain_look_and_a_link_that_leads_nowhere_is_somethin
     (tmp_path / "loop").symlink_to("loop")
     for name in ("dangling", "loop"):
         link = real_lstat(tmp_path / name)
-        assert signature(tmp_path / name) == (link.st_ino, link.st_size, link.st_mtime_ns)
+        assert signature(tmp_path / name) == (
+            link.st_ino,
+            link.st_size,
+            link.st_mtime_ns,
+            link.st_ctime_ns,
+        )

@@ -882,3 +882,28 @@ async def test_a_lineage_file_that_is_no_record_is_named_with_the_fix(
         )
         assert await serve.aterminate() == 0
     assert f"agent child: lineage.json {problem}" in serve.logs
+
+
+async def test_a_body_rewritten_in_place_with_its_mtime_put_back_is_seen(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A body rewritten in place at the same size with its old mtime put back (`cp -p`,
+    `rsync -t --inplace`, `touch -r`): inode, size and mtime all as before, so the card kept
+    the old text for good. The ctime, which no writer sets back, tells the change."""
+    serve = setup(tmp_path, fake, ["copied"])
+    body = CardPaths(workdir(tmp_path, "copied")).body
+    publish(workdir(tmp_path, "copied"), "copied v1")
+    with serve:
+        await eventually(lambda: shows(fake, GROUP, "copied v1"), what="the card")
+        before = os.stat(body)
+        with body.open("r+b") as handle:
+            handle.write(b"COPIED v1")  # the same size, in place
+        os.utime(body, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = os.stat(body)
+        assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+            before.st_ino,
+            before.st_size,
+            before.st_mtime_ns,
+        )
+        await eventually(lambda: shows(fake, GROUP, "COPIED v1"), what="the rewritten body")
+        assert await serve.aterminate() == 0
