@@ -84,7 +84,8 @@ async def test_the_mcp_ledger_tool_says_which_file_why_and_the_fix(
         said = EIO_WORDS
         taskcard = FAULTY_TASKCARD
     else:
-        said = _unreadable(workdir, kind)
+        # The tool takes no path: a file on the way is moved aside, not another path given.
+        said = _unreadable(workdir, kind).replace("give a path", "move that file aside")
     path = workdir / DEFAULT_LEDGER  # tmp_path is resolved already, as the server resolves
     async with mcp_session(workdir, runtime_dir, taskcard) as session:
         result = await session.call_tool("ledger", {"command": "show", "task_id": "t1"})
