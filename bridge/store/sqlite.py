@@ -635,24 +635,23 @@ class SqliteStore(StateStore):
             self._backlog[key] = op
             self.retry_pending()
             return
-        try:
-            with self._tx() as db:
-                self._save_unsaved(db)
-                op(db)
-        except _BUG_ERRORS:
-            raise
-        except sqlite3.Error as exc:
-            self._commits_to_backlog()
+        refused = self._commit(op)
+        if refused is not None:
             self._backlog[key] = op
-            self._failed(exc)
-        else:
-            self._unsaved_commits.clear()
-            self._unsaved_offsets.clear()
+            self._failed(refused)
 
     def _write_now(self, op: WriteOp) -> None:
         """Commit `op` now, or raise `StateNotSaved` without keeping it (see `at_once`)."""
         if (self._backlog or self._health is not None) and not self.retry_pending():
             raise StateNotSaved(self._health.reason if self._health else "writes waiting")
+        refused = self._commit(op)
+        if refused is not None:
+            self._failed(refused)
+            raise StateNotSaved(_fault_reason(refused))
+
+    def _commit(self, op: WriteOp) -> sqlite3.Error | None:
+        """Commit `op` with the kept first-sight offsets and fingerprints; the database's
+        refusal, those kept then moved to the backlog (`_commits_to_backlog`), or None."""
         try:
             with self._tx() as db:
                 self._save_unsaved(db)
@@ -661,10 +660,10 @@ class SqliteStore(StateStore):
             raise
         except sqlite3.Error as exc:
             self._commits_to_backlog()
-            self._failed(exc)
-            raise StateNotSaved(_fault_reason(exc)) from None
+            return exc
         self._unsaved_commits.clear()
         self._unsaved_offsets.clear()
+        return None
 
     def _save_unsaved(self, db: sqlite3.Connection) -> None:
         """Write the kept first-sight offsets and fingerprints (in a transaction of the caller)."""
