@@ -8,9 +8,9 @@ Mapping (hook event -> activity kinds):
   Nor a `SessionEnd` with reason `clear` or `resume`: `/clear` and an interactive `/resume`
   end the conversation, not the process, and a `SessionStart` (source `clear` / `resume`)
   follows; an `agent.exit` would tell the chats the agent exited without a report. Any other
-  source (`startup`, `resume`, `clear`, `fork`) starts a session; when other sessions are
-  live in the workdir (a `/fork` copy, a background session), `sessions.merge` writes the
-  events of each so that the card reads as one agent.
+  source (`startup`, `resume`, `clear`, `fork`) starts a session; a fork (`source: fork`)
+  runs beside the session it came from, and `sessions.merge` writes the events of each so
+  that the card reads as the agent and its forks together.
 - `UserPromptSubmit` -> `turn.start`.
 - `PreToolUse` -> `tool.start` (call_id = `tool_use_id`, name = `tool_name`); no summary, as
   a tool's input may hold secrets. A name is cut to 256 characters, an id over 128 is
@@ -41,10 +41,13 @@ Mapping (hook event -> activity kinds):
   counts only that part). Whether Claude goes on again depends on the answers to this very
   event, as at any stop, so it ends the turn too (a tool call after it starts the next);
   the turn counted for reminders at its first stop already.
-  A `Stop` whose `background_tasks` (running ones) or `session_crons` is not empty is not
-  the end of the turn: the session pauses until its own background work (a shell, a
-  subagent, a scheduled prompt) wakes it. It writes `usage` and `text` "working in the
-  background (<n> tasks, <n> scheduled prompts)", no `turn.end`: the card reads running
+  A `Stop` whose `background_tasks` lists running work that reports back (a subagent, a
+  workflow, a teammate, a cloud session, an MCP task, or a type of a later version) is not
+  the end of the turn: the session pauses until that work wakes it. A background shell or
+  monitor does not hold the turn (it may be a server or a watcher that runs as long as the
+  session, and the session is at its prompt meanwhile), nor does a scheduled prompt
+  (`session_crons`: work for later, perhaps tomorrow). It writes `usage` and `text`
+  "working in the background (<n> tasks)", no `turn.end`: the card reads running
   (then unknown when silent for long), never idle, and the idle signal never says the turn
   was declared finished (its silence notice still comes, as for any quiet turn; the
   "waiting" state is not used, as it reads "waiting for a person"). Nor does it count for
@@ -123,6 +126,8 @@ FAILURE_TEXT_CHARS: Final = 200
 # A background task's `status` once it is over (the host lists running ones; an older one
 # may list others).
 _FINISHED_TASKS: Final = frozenset({"completed", "failed", "killed", "stopped", "cancelled"})
+# Background task types that do not hold a turn: they may run for the whole session.
+_LASTING_TASKS: Final = frozenset({"shell", "monitor"})
 
 
 @dataclass(frozen=True)
@@ -200,31 +205,21 @@ def failure_text(payload: Mapping[str, Any]) -> str:
     return flat if not subagent(payload) else f"a subagent's {flat}"
 
 
-def _count_of(value: object, skip_finished: bool = False) -> int:
-    """The entries of a `background_tasks` / `session_crons` list (objects only), without
-    the tasks whose `status` says they are over."""
-    if not isinstance(value, list):
-        return 0
-    return sum(
-        1
-        for entry in value
-        if isinstance(entry, dict)
-        and not (skip_finished and entry.get("status") in _FINISHED_TASKS)
-    )
-
-
 def background_text(payload: Mapping[str, Any]) -> str | None:
-    """The line for a `Stop` that pauses the session for its own background work (a shell
-    or a subagent still running, a scheduled prompt of the session to come): the turn goes
-    on when that work wakes it. None for a stop with no such work."""
-    tasks = _count_of(payload.get("background_tasks"), skip_finished=True)
-    crons = _count_of(payload.get("session_crons"))
-    parts = [
-        f"{count} {word}{'' if count == 1 else 's'}"
-        for count, word in ((tasks, "task"), (crons, "scheduled prompt"))
-        if count
-    ]
-    return f"working in the background ({', '.join(parts)})" if parts else None
+    """The line for a `Stop` that pauses the session for its own background work that
+    reports back (a subagent still running, ...): the turn goes on when that work wakes it.
+    None for a stop with no such work (see the module's `Stop`)."""
+    tasks = payload.get("background_tasks")
+    count = sum(
+        1
+        for task in (tasks if isinstance(tasks, list) else ())
+        if isinstance(task, dict)
+        and task.get("status") not in _FINISHED_TASKS
+        and task.get("type") not in _LASTING_TASKS
+    )
+    if not count:
+        return None
+    return f"working in the background ({count} task{'' if count == 1 else 's'})"
 
 
 def wait_reason_of(waiting: str) -> str:

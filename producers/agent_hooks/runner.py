@@ -402,11 +402,13 @@ def _beside_other_sessions(paths: CardPaths, key: str, name: object, payload: An
     record under its lock. A record that cannot be used costs only itself: the events are
     written as they are."""
     ended = name == "SessionEnd"
-    afresh = name == "SessionStart" and payload.get("source") not in ("fork", "compact")
+    source = payload.get("source")
+    # A start of no source named is a start afresh, as the hooks have always read it.
+    started = (source if isinstance(source, str) else "") if name == "SessionStart" else None
 
     def beside(events: list[Event], waits: Mapping[str, str]) -> list[Event]:
         with _locked_map(paths, SESSIONS_FILE, _SESSIONS_KEPT_FOR) as sessions:
-            return merge(events, key, ended, sessions, waits, int(time.time()), afresh)
+            return merge(events, key, ended, sessions, waits, int(time.time()), started)
 
     return beside
 

@@ -91,6 +91,7 @@ def test_the_card_waits_while_one_session_waits_on_a_person(workdir: Path) -> No
 def test_a_second_sessions_turn_keeps_the_chats_origin(workdir: Path) -> None:
     send(workdir, "main", "SessionStart", source="startup")
     send(workdir, "main", "UserPromptSubmit", prompt="work")
+    send(workdir, "fork", "SessionStart", source="fork")
     data = {"session_id": "fork", "cwd": str(workdir), "hook_event_name": "UserPromptSubmit"}
     env = {**os.environ, "TASKCARD_ORIGIN": "telegram:12345"}
     done = run_taskcard("hook", "claude-code", stdin=json.dumps(data), env=env)
@@ -109,6 +110,41 @@ def test_a_session_silent_for_hours_no_longer_holds_the_card(workdir: Path) -> N
     send(workdir, "main", "Stop")
     send(workdir, "main", "SessionEnd", reason="logout")
     assert kinds(workdir) == ["agent.start", "turn.start", "turn.end", "agent.exit"]
+
+
+def test_sessions_that_are_not_forks_are_written_as_one_agent_run_after_another(
+    workdir: Path,
+) -> None:
+    # Only a start that says `fork` makes a session one to show beside the others: payloads
+    # of several session ids without one are the agent's own events, written as they come.
+    send(workdir, "s1", "SessionStart", source="startup")
+    send(workdir, "s2", "UserPromptSubmit", prompt="work")
+    send(workdir, "s3", "PreToolUse", tool_name="Bash", tool_use_id="t1", tool_input={})
+    send(workdir, "s4", "PostToolUse", tool_name="Bash", tool_use_id="t1", tool_input={})
+    send(workdir, "s5", "Stop", stop_hook_active=False)
+    assert state_of(workdir) == "idle"
+    send(workdir, "s6", "SessionEnd", reason="other")
+    assert kinds(workdir) == [
+        "agent.start",
+        "turn.start",
+        "tool.start",
+        "tool.end",
+        "turn.end",
+        "agent.exit",
+    ]
+
+
+def test_the_card_exits_with_the_last_of_the_agent_and_its_fork(workdir: Path) -> None:
+    send(workdir, "main", "SessionStart", source="startup")
+    send(workdir, "fork", "SessionStart", source="fork")
+    send(workdir, "fork", "UserPromptSubmit", prompt="go on alone")
+    send(workdir, "main", "SessionEnd", reason="prompt_input_exit")
+    assert "agent.exit" not in kinds(workdir)  # the fork works on
+    assert state_of(workdir) == "running"
+    send(workdir, "fork", "Stop", stop_hook_active=False)
+    send(workdir, "fork", "SessionEnd", reason="other")
+    assert kinds(workdir)[-2:] == ["turn.end", "agent.exit"]
+    assert state_of(workdir) == "exited"
 
 
 @pytest.mark.parametrize("source", ["startup", "resume", "clear"])
@@ -153,6 +189,19 @@ def test_a_broken_sessions_file_is_rebuilt_and_never_fails_the_hook(
     assert not (workdir / "logs" / "taskcard-hook.log").exists()
 
 
+def test_a_record_of_digits_of_other_scripts_loses_no_event(workdir: Path) -> None:
+    # `str.isdigit` takes "²" and "١" for digits, and `int` refused them: every event of the
+    # workdir was lost, with a traceback in the hook's log, until a session started afresh.
+    (workdir / "logs").mkdir()
+    records = {"a": "open \u00b2", "b": "idle 1\u0661", "c": "open 5 fork extra", "d": 7}
+    (workdir / SESSIONS).write_text(json.dumps(records))
+    send(workdir, "main", "UserPromptSubmit", prompt="go")
+    send(workdir, "main", "Stop", stop_hook_active=False)
+    assert kinds(workdir) == ["turn.start", "turn.end"]
+    assert list(json.loads((workdir / SESSIONS).read_text())) == ["main"]
+    assert not (workdir / "logs" / "taskcard-hook.log").exists()
+
+
 def test_payloads_without_a_usable_session_id_count_as_one_session(workdir: Path) -> None:
     send(workdir, "main", "SessionStart", source="startup")
     for odd in (None, 42, ["a"], "x" * 500, "bad id\n"):
@@ -171,38 +220,55 @@ def test_many_sessions_keep_the_record_bounded(workdir: Path) -> None:
     assert len(kept) == 64 and "s69" in kept and "s0" not in kept
 
 
+SUBAGENT_TASK = {
+    "id": "a1",
+    "type": "subagent",
+    "status": "running",
+    "description": "review the parser",
+    "agent_type": "code-reviewer",
+}
 SHELL_TASK = {
     "id": "b1",
     "type": "shell",
     "status": "running",
-    "description": "run the test suite",
-    "command": "make test",
+    "description": "serve the site",
+    "command": "npm run dev",
 }
 
 
 def test_a_stop_waiting_on_its_background_work_is_not_the_end_of_the_turn(
     workdir: Path,
 ) -> None:
-    # A Stop that lists running background work pauses the session until that work wakes
-    # it: it read as a finished turn (idle), and the idle signal nudged the chats.
+    # A Stop that lists a subagent still at work pauses the session until it reports back:
+    # it read as a finished turn (idle), and the idle signal nudged the chats.
     send(workdir, "main", "SessionStart", source="startup")
-    send(workdir, "main", "UserPromptSubmit", prompt="run the suite in the background")
-    send(workdir, "main", "Stop", stop_hook_active=False, background_tasks=[SHELL_TASK])
+    send(workdir, "main", "UserPromptSubmit", prompt="have the parser reviewed meanwhile")
+    tasks = [SUBAGENT_TASK, {**SUBAGENT_TASK, "id": "a2", "type": "workflow"}, SHELL_TASK]
+    send(workdir, "main", "Stop", stop_hook_active=False, background_tasks=tasks)
     assert "turn.end" not in kinds(workdir)
-    assert events(workdir)[-1]["text"] == "working in the background (1 task)"
+    assert events(workdir)[-1]["text"] == "working in the background (2 tasks)"
     assert state_of(workdir) == "running"
     assert completed_turns(CardPaths(workdir)) == 0
-    send(workdir, "main", "Stop", background_tasks=[], session_crons=[{"id": "c1"}] * 2)
-    assert events(workdir)[-1]["text"] == "working in the background (2 scheduled prompts)"
-    # The work is done and wakes the session; its last stop lists none (a finished one
-    # listed by an older host does not count) and ends the turn.
+    # The work is done and wakes the session; its last stop lists none running (a finished
+    # one listed by an older host does not count) and ends the turn.
     send(workdir, "main", "PreToolUse", tool_name="Bash", tool_use_id="t2", tool_input={})
     send(workdir, "main", "PostToolUse", tool_name="Bash", tool_use_id="t2", tool_input={})
-    done = {**SHELL_TASK, "status": "completed"}
-    send(workdir, "main", "Stop", background_tasks=[done], session_crons=[])
+    done = {**SUBAGENT_TASK, "status": "completed"}
+    send(workdir, "main", "Stop", background_tasks=[done, SHELL_TASK], session_crons=[])
     assert kinds(workdir)[-1] == "turn.end"
     assert state_of(workdir) == "idle"
     assert completed_turns(CardPaths(workdir)) == 1
+
+
+def test_a_lasting_shell_or_a_prompt_for_later_does_not_hold_the_turn(workdir: Path) -> None:
+    # A dev server in the background, a monitor, a daily scheduled prompt: the session sits
+    # at its prompt meanwhile, and the card must not read running all night.
+    monitor = {"id": "m1", "type": "monitor", "status": "running", "server": "s", "tool": "t"}
+    cron = {"id": "c1", "schedule": "0 9 * * 1-5", "recurring": True, "prompt": "standup"}
+    send(workdir, "main", "UserPromptSubmit", prompt="start the dev server")
+    send(workdir, "main", "Stop", background_tasks=[SHELL_TASK, monitor], session_crons=[cron])
+    assert kinds(workdir) == ["turn.start", "turn.end"]
+    assert state_of(workdir) == "idle"
 
 
 @pytest.mark.parametrize("odd", ["shell", {"id": "b1"}, [1, "x", None], None])
