@@ -255,7 +255,9 @@ class StateStore(ABC):
     @abstractmethod
     def prune_unsure_notices(self, now: float, route: str | None = None) -> None:
         """Forget the notices recorded `unsure` before `now - UNSURE_KEEP_S`, and those of
-        `route` (of every route when None) past its newest `UNSURE_KEEP_PER_ROUTE`."""
+        `route` (of every route when None) past its newest `UNSURE_KEEP_PER_ROUTE`: each is
+        `failed` from then on, its text dropped and its id kept, so that the same notice read
+        again (its offset lost) is still known and not sent a second time."""
 
     @abstractmethod
     def unsure_notices(self, route: str | None = None) -> list[UnsureNotice]:

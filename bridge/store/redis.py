@@ -464,12 +464,15 @@ end
 return 1
 """
 
-# Forget the unsure notices ARGV names, each only while it is still unsure (read before).
+# Forget the unsure notices ARGV names, each only while it is still unsure (read before): each
+# is failed, its text gone, its id kept (so that the same notice read again is not taken as new
+# and sent a second time, `add_notice`).
 # KEYS: the notices' text, state and time hashes, then the unsure set.
 _PRUNE_UNSURE = """
 for _, member in ipairs(ARGV) do
   if redis.call('HGET', KEYS[2], member) == 'unsure' then
-    for i = 1, 3 do redis.call('HDEL', KEYS[i], member) end
+    redis.call('HSET', KEYS[1], member, '')
+    redis.call('HSET', KEYS[2], member, 'failed')
     redis.call('ZREM', KEYS[4], member)
   end
 end

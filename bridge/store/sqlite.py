@@ -512,6 +512,11 @@ class _HealthFile:
         os.close(self._fd)
 
 
+# An unsure notice past its keep (`prune_unsure_notices`): failed, its text gone, its id kept
+# so that the same notice read again is not taken as new and sent a second time.
+_FORGOTTEN = "state = 'failed', text = ''"
+
+
 class SqliteStore(StateStore):
     """SQLite in WAL mode; `readonly=True` opens an existing file for `taskcard status`."""
 
@@ -1213,11 +1218,11 @@ class SqliteStore(StateStore):
 
         def op(db: sqlite3.Connection) -> None:
             db.execute(
-                "DELETE FROM notices WHERE state = 'unsure' AND updated_at < ?",
+                f"UPDATE notices SET {_FORGOTTEN} WHERE state = 'unsure' AND updated_at < ?",
                 (now - UNSURE_KEEP_S,),
             )
             db.execute(
-                "DELETE FROM notices WHERE rowid IN (SELECT rowid FROM (SELECT rowid,"
+                f"UPDATE notices SET {_FORGOTTEN} WHERE rowid IN (SELECT rowid FROM (SELECT rowid,"
                 " row_number() OVER (PARTITION BY route ORDER BY updated_at DESC, notice_id"
                 f" DESC) AS newer FROM notices WHERE state = 'unsure' {of_route})"
                 " WHERE newer > ?)",

@@ -869,6 +869,15 @@ def test_unsure_notices_are_kept_to_their_bound(opener: Opener) -> None:
     assert [n.notice_id for n in store.unsure_notices("calm")] == ["c1", "c2"]
     assert store.notice_counts().get("unsure") == UNSURE_KEEP_PER_ROUTE + 2
     assert not store.add_notice("calm", "sent", "delivered one", "pending"), "still known"
+    # A forgotten one is failed, never taken as new again: read again, it would be sent twice.
+    assert not store.add_notice("busy", many[0], f"text {many[0]}", "pending"), "forgotten"
+    assert store.notice_counts() == {
+        "unsure": UNSURE_KEEP_PER_ROUTE + 2,
+        "failed": 3,
+        "delivered": 1,
+    }
     store.prune_unsure_notices(now + UNSURE_KEEP_S + 60, "calm")  # the age bound: every route
     assert store.unsure_notices() == []
-    assert store.notice_counts() == {"delivered": 1}
+    total = len(many) + 2
+    assert store.notice_counts() == {"delivered": 1, "failed": total}
+    assert store.pending_notices() == []
