@@ -105,7 +105,9 @@ class TopicNames:
                 name = stored_topic_names(self._cursor, chat_id).get(thread_id)
             except Exception as error:
                 _log.warning(
-                    "could not read the forum topic names of Telegram chat %s: %s", chat_id, error
+                    "could not read the forum topic names of Telegram chat %s: %s",
+                    chat_id,
+                    type(error).__name__,
                 )
             else:
                 if name is not None:
@@ -151,7 +153,9 @@ class TopicNames:
                 self._cursor.delete_cursors([_key(chat_id)])
         except Exception as error:
             _log.warning(
-                "could not forget the forum topic names of Telegram chat %s: %s", chat_id, error
+                "could not forget the forum topic names of Telegram chat %s: %s",
+                chat_id,
+                type(error).__name__,  # the store's error text may quote its keys
             )
 
     def _store(self, chat_id: str, thread_id: str, name: str, *, newer: bool) -> bool:
@@ -176,7 +180,7 @@ class TopicNames:
                 "could not keep the name of forum topic %s of Telegram chat %s: %s",
                 thread_id,
                 chat_id,
-                error,
+                type(error).__name__,
             )
         return False
 
