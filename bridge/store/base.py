@@ -253,6 +253,14 @@ class StateStore(ABC):
     def set_notice_state(self, route: str, notice_id: str, state: NoticeState) -> None: ...
 
     @abstractmethod
+    def mark_notice_unsure(self, route: str, notice_id: str) -> bool:
+        """Record the notice `unsure` (its send begins, see `NoticeState`) only while it is
+        `pending`, in one step: False, and nothing written, when it is not (clustered, the
+        instance that took the agent over sent it or is sending it; people silenced it; it
+        is gone), and then it must not be sent. Committed when it returns, or raises, as a
+        write in `at_once`."""
+
+    @abstractmethod
     def prune_unsure_notices(self, now: float, route: str | None = None) -> None:
         """Forget the notices recorded `unsure` before `now - UNSURE_KEEP_S`, and those of
         `route` (of every route when None) past its newest `UNSURE_KEEP_PER_ROUTE`: each is

@@ -464,6 +464,17 @@ end
 return 1
 """
 
+# A send begins: the notice is recorded unsure only while it is still pending, in one step,
+# so that of two instances that both queued it (the lease of its agent moved meanwhile) one
+# sends it. KEYS: the state hash, the pending and unsure sets; ARGV: member, time.
+_NOTICE_UNSURE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= 'pending' then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], 'unsure')
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+return 1
+"""
+
 # Forget the unsure notices ARGV names, each only while it is still unsure (read before): each
 # is failed, its text gone, its id kept (so that the same notice read again is not taken as new
 # and sent a second time, `add_notice`).
@@ -673,6 +684,7 @@ class RedisStore(StateStore):
         self._p = prefix
         self._add_notice = client.register_script(_ADD_NOTICE)
         self._notice_state = client.register_script(_NOTICE_STATE)
+        self._notice_unsure = client.register_script(_NOTICE_UNSURE)
         self._prune_unsure = client.register_script(_PRUNE_UNSURE)
         self._replace = client.register_script(_REPLACE)
         self._change_field = client.register_script(_CHANGE_FIELD)
@@ -908,6 +920,11 @@ class RedisStore(StateStore):
             self.key("n", "unsure"),  # when each unsure notice became so, for status
         ]
         self._notice_state(keys=keys, args=[_member(route, notice_id), state, repr(time.time())])
+
+    def mark_notice_unsure(self, route: str, notice_id: str) -> bool:
+        keys = [self.key("n", "state"), self.key("n", "pending"), self.key("n", "unsure")]
+        marked = self._notice_unsure(keys=keys, args=[_member(route, notice_id), repr(time.time())])
+        return bool(marked)
 
     def unsure_notices(self, route: str | None = None) -> list[UnsureNotice]:
         unsure = self.key("n", "unsure")

@@ -1213,6 +1213,22 @@ class SqliteStore(StateStore):
             known = self._notice_overlay.get((route, notice_id))
             self._notice_overlay[(route, notice_id)] = (known[0] if known else "", state, now)
 
+    def mark_notice_unsure(self, route: str, notice_id: str) -> bool:
+        now = time.time()
+        marked = False
+
+        def op(db: sqlite3.Connection) -> None:
+            nonlocal marked
+            cursor = db.execute(
+                "UPDATE notices SET state = 'unsure', updated_at = ?"
+                " WHERE route = ? AND notice_id = ? AND state = 'pending'",
+                (now, route, notice_id),
+            )
+            marked = cursor.rowcount == 1
+
+        self._write_now(op)  # after the writes waiting, which may be this notice's own
+        return marked
+
     def prune_unsure_notices(self, now: float, route: str | None = None) -> None:
         of_route, params = ("AND route = ?", (route,)) if route is not None else ("", ())
 

@@ -174,6 +174,34 @@ def test_unsure_notices_are_listed_with_when_their_send_began(opener: Opener) ->
     assert [u.route for u in store.unsure_notices()] == ["r"]
 
 
+def test_a_send_begins_only_from_pending_once(opener: Opener) -> None:
+    """`mark_notice_unsure`: clustered, two instances can hold the same pending notice
+    queued (the lease of its agent moved); one step turns it from `pending` to `unsure`, so
+    the second to begin its send is refused and never posts it again."""
+    store, other = opener(), opener()  # two instances on one store
+    assert store.add_notice("r", "n1", "text of n1", "pending")
+    assert store.mark_notice_unsure("r", "n1")
+    assert not other.mark_notice_unsure("r", "n1"), "the first began its send"
+    assert [u.notice_id for u in other.unsure_notices("r")] == ["n1"]
+    assert other.pending_notices() == [] and other.notice_counts() == {"unsure": 1}
+    store.set_notice_state("r", "n1", "pending")  # answered without posting: pending again
+    assert other.mark_notice_unsure("r", "n1"), "pending again: a send may begin"
+    assert not store.mark_notice_unsure("r", "n1")
+    for state in ("delivered", "failed", "suppressed", "folded"):
+        assert store.add_notice("r", state, f"a notice {state}", "pending")
+        store.set_notice_state("r", state, state)  # type: ignore[arg-type]
+        assert not other.mark_notice_unsure("r", state), f"{state}: never sent again"
+    assert not store.mark_notice_unsure("r", "never-recorded")
+    assert not store.mark_notice_unsure("other", "n1"), "another route's id"
+    assert opener().notice_counts() == {
+        "unsure": 1,
+        "delivered": 1,
+        "failed": 1,
+        "suppressed": 1,
+        "folded": 1,
+    }
+
+
 def test_offsets_cursors_and_pauses(opener: Opener) -> None:
     store = opener()
     assert store.get_offset("a", "notifications") is None
