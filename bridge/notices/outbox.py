@@ -14,11 +14,20 @@ every store call for notices and the queues the scheduler's lanes pull from:
 - `notify` records a notification for each route of its agent and queues what is pending;
 - `send_due_summaries` records and queues the summary of folded notices when it is due;
 - `suppress` withdraws every unsent notice of routes people silenced (also one in flight);
+- `routes_lost` takes the queued notices of routes whose agent another instance serves now
+  out of the lanes (clustered: that instance queues them from the store);
 - `channel_ready` queues what a restart left pending, once the channel can send;
-- a lane asks `next_due` for its next notice, `take`s it, and reports the outcome with
+- a lane asks `next_due` for its next notice, `take`s it, asks whether it is still
+  `wanted`, marks it `sending`, and reports the outcome with
   `delivered` (with the id of the message posted, kept with the notice's agent so that a
   reply to it reaches that agent), `failed` or `put_back` (rate limited, transient failure,
   shutting down).
+
+Clustered, two instances can hold the same pending notice in their lanes: the one that lost
+the agent's lease queued it before, the one that took the lease over read it from the store.
+So the `unsure` mark is conditional: a send begins only by turning the notice from `pending`
+to `unsure` in one step of the store (`StateStore.mark_notice_unsure`), which one instance
+wins; the other drops it. The same keeps a notice people silenced from going out.
 
 A lane's queue is bounded (`MAX_QUEUED`): beyond it notices wait in the store (`pending`) and
 are queued again once the lane has room, so a flood cannot grow memory. Command replies are
@@ -125,6 +134,8 @@ class NoticeOutbox:
         self._lanes: dict[LaneKey, _LaneQueue] = {}
         self._known: set[NoticeRef] = set()  # queued or in flight
         self._withdrawn: set[NoticeRef] = set()  # suppressed while in flight
+        # Marked `unsure` by this run, whose `not_sent` the store did not take: still ours.
+        self._left_unsure: set[NoticeRef] = set()
         # Called with a lane that has a new notice; the scheduler wakes (or starts) it.
         self.on_queued: Callable[[LaneKey], None] = lambda lane: None
 
@@ -254,6 +265,20 @@ class NoticeOutbox:
         # did not post it, it is recorded suppressed then (`not_sent`), not pending.
         self._withdrawn.update(ref for ref in self._known - removed if ref.route in keys)
 
+    def routes_lost(self, routes: Iterable[RouteKey]) -> int:
+        """This instance no longer serves these routes (clustered: another instance holds
+        their agent's lease now): their queued notices leave the lanes and stay pending in
+        the store, for that instance; one a lane took already is refused by `wanted`, and
+        one whose send began is that send's. Returns how many left the lanes."""
+        keys = set(routes)
+        removed = 0
+        for queue in self._lanes.values():
+            for item in [i for i in queue.items if i.ref.route in keys]:
+                queue.items.remove(item)
+                self._known.discard(item.ref)
+                removed += 1
+        return removed
+
     def _initial_state(self, key: RouteKey) -> NoticeState:
         return "suppressed" if self._quiet(key) else "pending"
 
@@ -292,10 +317,22 @@ class NoticeOutbox:
         self._lanes[item.ref.route.lane].items.remove(item)
 
     def wanted(self, item: QueuedNotice) -> bool:
-        """False when people silenced the route while the notice waited for its turn."""
+        """False when people silenced the route while the notice waited for its turn, or
+        when this instance no longer serves it (clustered: the lease of its agent moved;
+        the instance holding it now sends it)."""
         if item.ref in self._withdrawn:
             self._withdrawn.discard(item.ref)
             self._known.discard(item.ref)
+            return False
+        if not self._serves(item.ref.route):
+            self._known.discard(item.ref)
+            self._left_unsure.discard(item.ref)
+            log.info(
+                "%s: notice %s not sent from here: another instance serves agent %s now",
+                item.ref.route.channel,
+                item.ref.notice_id,
+                item.ref.route.agent_id,
+            )
             return False
         return True
 
@@ -308,14 +345,31 @@ class NoticeOutbox:
         else:
             queue.items.append(item)
 
-    def sending(self, item: QueuedNotice) -> None:
+    def sending(self, item: QueuedNotice) -> bool:
         """Its request is about to go out on a platform that cannot deduplicate sends: record
         it `unsure` first, so that a crash before the answer leaves it unsent by a restart
         (at most once). Raises when the store cannot take it or keeps it to write later (a
-        full disk, a locked state file): then it is not sent now."""
-        key = item.ref.route
+        full disk, a locked state file): then it is not sent now. False when it is no longer
+        pending in the store (clustered: the instance that took its agent over sent it, or
+        is sending it): then it is dropped here, never sent from this instance."""
+        ref = item.ref
+        key = ref.route
         with self._store.at_once():
-            self._store.set_notice_state(key.store_key, item.ref.notice_id, "unsure")
+            if ref in self._left_unsure:  # marked by this run, its `not_sent` lost: ours
+                self._store.set_notice_state(key.store_key, ref.notice_id, "unsure")
+                self._left_unsure.discard(ref)
+                return True
+            if self._store.mark_notice_unsure(key.store_key, ref.notice_id):
+                return True
+        self._known.discard(ref)
+        self._withdrawn.discard(ref)
+        log.info(
+            "%s: notice %s not sent from here: it is no longer pending in the state store"
+            " (another instance sent it or is sending it, or it was withdrawn)",
+            key.channel,
+            ref.notice_id,
+        )
+        return False
 
     def not_sent(self, item: QueuedNotice) -> None:
         """The platform answered that it did not post it (rate limited, failing, refused
@@ -325,7 +379,9 @@ class NoticeOutbox:
         state: NoticeState = "suppressed" if item.ref in self._withdrawn else "pending"
         try:
             self._store.set_notice_state(key.store_key, item.ref.notice_id, state)
+            self._left_unsure.discard(item.ref)
         except Exception as error:
+            self._left_unsure.add(item.ref)
             log.warning(
                 "%s: notice %s could not be recorded as unsent (%s); a restart does not send it",
                 key.channel,
@@ -338,6 +394,7 @@ class NoticeOutbox:
         `unsure` in the store, as `sending` recorded it, and is never sent again."""
         self._known.discard(item.ref)
         self._withdrawn.discard(item.ref)
+        self._left_unsure.discard(item.ref)
         self._prune_unsure(item.ref.route.store_key)
 
     def _prune_unsure(self, route: str | None) -> None:
@@ -357,6 +414,7 @@ class NoticeOutbox:
         """The platform's final answer for this notice; `message_id`, the message it posted."""
         self._known.discard(item.ref)
         self._withdrawn.discard(item.ref)  # silenced while in flight: it went all the same
+        self._left_unsure.discard(item.ref)
         key = item.ref.route
         self._store.set_notice_state(key.store_key, item.ref.notice_id, outcome)
         if outcome == "delivered" and message_id is not None:
@@ -396,5 +454,5 @@ class NoticeOutbox:
         queue.deferred = False
         for pending in self._store.pending_notices():
             key = self._routes.get(pending.route)
-            if key is not None and key.lane == lane:
+            if key is not None and key.lane == lane and self._serves(key):
                 self._queue(NoticeRef(key, pending.notice_id), pending.text)

@@ -628,6 +628,14 @@ class Service(Departures, ChatBoards, AgentSignals, ChatCommands):
             return
         self._owned.discard(agent_id)
         self._desk.drop_agent(agent_id)
+        # Its queued notices are the new lease holder's, which queues them from the store.
+        left = self._outbox.routes_lost(r.key for r in self._routes_by_agent.get(agent_id, []))
+        if left:
+            log.info(
+                "agent %s: %s queued here left for the instance serving it now",
+                agent_id,
+                counted(left, "notice", "notices"),
+            )
         for route in self._routes_by_agent.get(agent_id, []):
             self._scheduler.remove_route(route.key)
             self._scheduled.discard(route.key)

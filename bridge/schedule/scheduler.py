@@ -1927,7 +1927,7 @@ class RouteScheduler:
         once = text if isinstance(text, QueuedNotice) and outbox is not None else None
         if once is not None and outbox is not None and channel.ambiguous_send_hold_s is not None:
             try:
-                outbox.sending(once)
+                marked = outbox.sending(once)
             except Exception as error:
                 reservation.complete()
                 self._retry_later(
@@ -1936,6 +1936,9 @@ class RouteScheduler:
                     f" ({type(error).__name__})",  # not its text: a Redis error's can quote a key
                 )
                 self._put_back(lane, text, front=False)
+                return
+            if not marked:  # another instance has it (or it was withdrawn): dropped here
+                reservation.complete()
                 return
         else:
             once = None

@@ -5,7 +5,7 @@ each step of a notice's life is checked against the real store, with time inject
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -90,7 +90,14 @@ def store(tmp_path: Path) -> Iterator[SqliteStore]:
     opened.close()
 
 
-def make(store: SqliteStore, *, quiet: bool = False, per_minute: int = 5) -> NoticeOutbox:
+def make(
+    store: SqliteStore,
+    *,
+    quiet: bool = False,
+    per_minute: int = 5,
+    serves: Callable[[RouteKey], bool] = lambda key: True,
+    clock: Clock | None = None,
+) -> NoticeOutbox:
     outbox = NoticeOutbox(
         store,
         {"rec": TextOnly()},
@@ -98,7 +105,8 @@ def make(store: SqliteStore, *, quiet: bool = False, per_minute: int = 5) -> Not
         scrub=lambda text: text.replace("secret", "[redacted]"),
         max_per_minute=per_minute,
         quiet=lambda key: quiet,
-        clock=Clock(),
+        clock=clock or Clock(),
+        serves=serves,
     )
     outbox.add_route(KEY)
     return outbox
@@ -255,3 +263,79 @@ def test_a_full_lane_defers_to_the_store_and_refills(
         outbox.take(item)
         outbox.done(item, "delivered")
     assert store.pending_notices() == []
+
+
+def test_of_two_instances_that_queued_a_notice_one_sends_it(store: SqliteStore) -> None:
+    """Clustered, the instance that lost an agent's lease still had its notice queued when
+    the one taking over queued it from the store: the send begins only from `pending`, so
+    the second to begin drops it instead of posting it again."""
+    first = make(store)
+    first.channel_ready("rec")
+    first.notify([KEY], "a", error("n1"))
+    second = make(store)
+    second.channel_ready("rec")  # reads what is pending: the same notice
+    mine, theirs = first.next_due(LANE, 0.0), second.next_due(LANE, 0.0)
+    assert mine is not None and theirs is not None and mine.ref == theirs.ref
+    second.take(theirs)
+    assert second.sending(theirs) is True
+    first.take(mine)
+    assert first.sending(mine) is False, "the other instance has it: not sent from here"
+    assert first.idle() and store.notice_counts() == {"unsure": 1}
+    second.done(theirs, "delivered")
+    assert store.notice_counts() == {"delivered": 1}
+    first.route_ready(KEY)  # served here again later: nothing of it is queued again
+    assert first.idle()
+
+
+def test_a_send_whose_unsent_answer_the_store_missed_still_goes_from_this_run(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`not_sent` could not record it pending again: it stays `unsure` in the store (no
+    other instance or restart sends it), and this run, which marked it, still may."""
+    outbox = make(store)
+    outbox.channel_ready("rec")
+    outbox.notify([KEY], "a", error("n1"))
+    item = outbox.next_due(LANE, 0.0)
+    assert item is not None
+    outbox.take(item)
+    assert outbox.sending(item)
+    with monkeypatch.context() as patched:
+
+        def refuse(*args: object) -> None:
+            raise OSError("disk full")
+
+        patched.setattr(store, "set_notice_state", refuse)
+        outbox.not_sent(item)
+    assert store.notice_counts() == {"unsure": 1}
+    outbox.put_back(item, front=True)
+    outbox.take(item)
+    assert outbox.sending(item) is True
+    outbox.done(item, "delivered")
+    assert store.notice_counts() == {"delivered": 1}
+
+
+def test_the_notices_of_an_agent_served_elsewhere_now_leave_the_lanes(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease moved: queued notices leave the lanes, one a lane took is not wanted, and
+    a lane refilled from the store takes none of them; all stay pending for the instance
+    serving the agent now, and come back here once this one serves it again."""
+    import taskcard.bridge.notices.outbox
+
+    monkeypatch.setattr(taskcard.bridge.notices.outbox, "MAX_QUEUED", 2)
+    served = {KEY}
+    outbox = make(store, per_minute=60, serves=served.__contains__)
+    outbox.channel_ready("rec")
+    for index in range(4):
+        outbox.notify([KEY], "a", error(f"n{index}", code=f"c{index}"))
+    taken = outbox.next_due(LANE, 0.0)
+    assert taken is not None
+    outbox.take(taken)
+    served.clear()
+    assert outbox.routes_lost([KEY]) == 1
+    assert outbox.next_due(LANE, 0.0) is None, "the refill takes no route served elsewhere"
+    assert outbox.wanted(taken) is False
+    assert outbox.idle() and len(store.pending_notices()) == 4
+    served.add(KEY)
+    outbox.routes_ready([KEY])
+    assert outbox.depth(LANE) == 2, "queued again, the lane's bound kept"

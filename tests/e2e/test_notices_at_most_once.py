@@ -13,6 +13,7 @@ the service was going to make has been made.
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import ExitStack
@@ -452,3 +453,75 @@ async def test_in_a_cluster_a_notice_whose_answer_is_lost_shows_once(
     (route,) = [r for r in json.loads(result.stdout)["routes"] if r["agent"] == "shared"]
     assert [u["id"] for u in route["unsure_notices"]] == [f"task_card.error:tc_1:1:{FIRST}"]
     assert route["pending_notices"] == []
+
+
+async def test_in_a_cluster_a_notice_queued_where_the_lease_was_lost_shows_once(
+    tmp_path: Path,
+    telegram: FakeTelegram,
+    redis_url: str,
+    prefix: str,
+    fleet: ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two `serve` on one bot through a real Redis. The agent's owner has a notice queued
+    behind a card edit still awaiting its answer when it stalls (SIGSTOP) past its lease:
+    the other instance takes the agent over and sends the notice it finds pending. Resumed,
+    the old owner does not send it again (its lanes let go of the agent's notices, and a
+    send begins only from a notice still pending), and the chat shows it once."""
+    serves: dict[str, ServeProcess] = {}
+    for name in ("i0", "i1"):
+        serve = instance(tmp_path, name, telegram, ["shared"], redis_url=redis_url, prefix=prefix)
+        # The held edit below must outlast the takeover, not time out in between.
+        slow = "poll_timeout_s = 1\nrequest_timeout_s = 300"
+        serve.config.write_text(serve.config.read_text().replace("poll_timeout_s = 1", slow))
+        serves[name] = fleet.enter_context(serve)
+    workdir = tmp_path / "agents" / "shared"
+    publish(workdir, "# Build\nworking")
+    await eventually(lambda: telegram.bot_messages(GROUP), timeout_s=60, what="the card")
+    serving = "agent shared: this instance serves it now"
+    await eventually(
+        lambda: any(serving in s.logs for s in serves.values()), timeout_s=60, what="an owner"
+    )
+    owner = next(s for s in serves.values() if serving in s.logs)
+    (other,) = [s for s in serves.values() if s is not owner]
+    assert owner.proc is not None
+    monkeypatch.setenv("TC_REDIS_URL", redis_url)
+    notice = f"task_card.error:tc_1:1:{FIRST}"
+
+    def pending() -> list[str]:
+        result = run_cli("status", "--config", str(other.config), "--json")
+        assert result.returncode == 0, result.stderr
+        return [n for r in json.loads(result.stdout)["routes"] for n in r["pending_notices"]]
+
+    def shown_() -> int:
+        return sum(f"[{FIRST}]" in m.text for m in telegram.bot_messages(GROUP))
+
+    edits = telegram.count("editMessageText", GROUP)
+    telegram.hold_answers("editMessageText")  # the owner's lane waits on its card's edit
+    publish(workdir, "# Build\nstep 2")
+    await eventually(
+        lambda: telegram.count("editMessageText", GROUP) > edits,
+        timeout_s=60,
+        what="the owner's edit on its way",
+    )
+    notify(workdir, notice, "error", code=FIRST)
+    await eventually(
+        lambda: pending() == [notice], timeout_s=60, what="the notice queued behind the edit"
+    )
+    owner.proc.send_signal(signal.SIGSTOP)
+    try:
+        await eventually(
+            lambda: f"{serving}, taking over" in other.logs, timeout_s=60, what="the takeover"
+        )
+        telegram.release_answers("editMessageText")
+        await eventually(lambda: shown_() == 1, timeout_s=60, what="the notice, sent by the other")
+    finally:
+        owner.proc.send_signal(signal.SIGCONT)
+    let_go = ("left for the instance serving it now", f"notice {notice} not sent from here")
+    await eventually(
+        lambda: shown_() > 1 or any(line in owner.logs for line in let_go),
+        timeout_s=60,
+        what="the old owner letting the notice go (or sending it again)",
+    )
+    assert shown_() == 1, "sent by both instances"
+    assert pending() == []
