@@ -13,7 +13,8 @@ every store call for notices and the queues the scheduler's lanes pull from:
 
 - `notify` records a notification for each route of its agent and queues what is pending;
 - `send_due_summaries` records and queues the summary of folded notices when it is due;
-- `suppress` withdraws every unsent notice of routes people silenced (also one in flight);
+- `suppress` withdraws every unsent notice of routes people silenced (also one in flight),
+  and `withdraw` those of routes a reload removed;
 - `routes_lost` takes the queued notices of routes whose agent another instance serves now
   out of the lanes (clustered: that instance queues them from the store);
 - `channel_ready` queues what a restart left pending, once the channel can send;
@@ -245,9 +246,10 @@ class NoticeOutbox:
                 self._queue(NoticeRef(key, folded.summary_id), text)
             self._store.set_cursor(_folded_cursor(key), "")
 
-    def suppress(self, routes: Iterable[RouteKey]) -> None:
+    def suppress(self, routes: Iterable[RouteKey]) -> int:
         """Withdraw every unsent notice of these routes (people asked for quiet): queued ones
-        leave their lane, and all are recorded as suppressed, never to be sent."""
+        leave their lane, and all are recorded as suppressed, never to be sent. Returns how
+        many pending notices were recorded suppressed."""
         keys = set(routes)
         removed: set[NoticeRef] = set()
         for queue in self._lanes.values():
@@ -255,15 +257,32 @@ class NoticeOutbox:
                 queue.items.remove(item)
                 removed.add(item.ref)
                 self._known.discard(item.ref)
+        count = 0
         for key in keys:
             for notice in self._store.pending_notices(key.store_key):
                 self._store.set_notice_state(key.store_key, notice.notice_id, "suppressed")
+                count += 1
                 ref = NoticeRef(key, notice.notice_id)
                 if ref not in removed and ref in self._known:
                     self._withdrawn.add(ref)  # taken by a lane, waiting for its turn
         # In flight and recorded `unsure` (see `sending`): should the platform answer that it
         # did not post it, it is recorded suppressed then (`not_sent`), not pending.
         self._withdrawn.update(ref for ref in self._known - removed if ref.route in keys)
+        return count
+
+    def withdraw(self, routes: Iterable[RouteKey]) -> int:
+        """The routes went (a reload removed them): every unsent notice of theirs is withdrawn
+        as `suppress` does, their fold episode goes without its summary, and they are
+        forgotten here, so that nothing more is sent to a chat that no longer follows their
+        agent. Returns how many notices were withdrawn (recorded suppressed or in flight)."""
+        keys = set(routes)
+        if not keys:
+            return 0
+        withdrawn = self.suppress(keys)
+        self._store.delete_cursors([_folded_cursor(key) for key in keys])
+        for key in keys:
+            self.forget_route(key)
+        return withdrawn
 
     def routes_lost(self, routes: Iterable[RouteKey]) -> int:
         """This instance no longer serves these routes (clustered: another instance holds

@@ -718,8 +718,11 @@ class Service(Departures, ChatBoards, AgentSignals, ChatCommands):
         showing their card, changed ones take their new settings. Residents (their message
         ids) and chat preferences live in the store and are kept.
         """
+        kept = {route.key for route in fleet.routes}
+        gone = [r.key for r in self._routes if r.key not in kept and self._serves(r.key.agent_id)]
         for agent_id in [a for a in self._monitors if a not in fleet.agents]:
             self._retire(agent_id)
+        self._withdraw_notices(gone)
         fresh: list[str] = []
         store = self._store
         for batch in in_batches(fleet.agents.items()):
@@ -797,6 +800,30 @@ class Service(Departures, ChatBoards, AgentSignals, ChatCommands):
             for route in self._routes_by_scope[scope]:
                 self._project_route(route)
             self._mark_board(scope)
+
+    def _withdraw_notices(self, keys: list[RouteKey]) -> None:
+        """The routes went (a reload or discovery removed them, or their agent): the notices
+        still to send there are withdrawn, so that a chat that no longer follows the agent
+        is not told about it. Best effort: a store that fails now leaves them to be sent."""
+        for key in keys:
+            try:
+                withdrawn = self._outbox.withdraw([key])
+            except Exception as error:
+                log.warning(
+                    "route %s went, but its unsent notices could not be withdrawn (%s); they"
+                    " may still be sent there",
+                    key,
+                    type(error).__name__,  # not its text: a Redis error's can quote a key
+                )
+                continue
+            if withdrawn:
+                log.info(
+                    "route %s went: %s withdrawn, not sent to a chat that no longer follows"
+                    " agent %s",
+                    key,
+                    counted(withdrawn, "unsent notice", "unsent notices"),
+                    key.agent_id,
+                )
 
     def _schedule_many(self, routes: Iterable[Route]) -> None:
         """`_schedule` of each; the store is read for the new ones in batches (at start,

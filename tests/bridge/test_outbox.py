@@ -339,3 +339,28 @@ def test_the_notices_of_an_agent_served_elsewhere_now_leave_the_lanes(
     served.add(KEY)
     outbox.routes_ready([KEY])
     assert outbox.depth(LANE) == 2, "queued again, the lane's bound kept"
+
+
+def test_withdrawing_a_route_a_reload_removed(store: SqliteStore) -> None:
+    """Its queued, taken and folded notices never go, nor a summary of the folded ones."""
+    clock = Clock()
+    outbox = make(store, per_minute=2, clock=clock)
+    outbox.channel_ready("rec")
+    for index in range(4):
+        outbox.notify([KEY], "a", error(f"n{index}", code=f"c{index}"))
+    taken = outbox.next_due(LANE, 0.0)
+    assert taken is not None
+    outbox.take(taken)
+    assert store.notice_counts() == {"pending": 2, "folded": 2}
+    assert store.cursor_keys("notices:folded:") != [], "a summary is owed"
+    assert outbox.withdraw([KEY]) == 2
+    assert outbox.idle() and outbox.wanted(taken) is False
+    assert store.notice_counts() == {"suppressed": 2, "folded": 2}
+    assert store.cursor_keys("notices:folded:") == []
+    clock.now += 3600
+    outbox.send_due_summaries()
+    assert outbox.idle() and store.pending_notices() == []
+    again = make(store, clock=clock)  # a restart, or a reload routing it again
+    again.channel_ready("rec")
+    again.send_due_summaries()
+    assert again.idle()

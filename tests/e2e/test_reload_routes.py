@@ -4,13 +4,15 @@ Feishu Open API, the chats read as people see them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import sqlite3
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ServeProcess, activity, agents_lines, eventually, publish
+from tests.e2e.harness import ServeProcess, activity, agents_lines, eventually, notify, publish
 from tests.fakes.feishu_api import FakeFeishu
 from tests.fakes.telegram_api import FakeTelegram
 
@@ -60,6 +62,14 @@ def write_config(
     config = tmp_path / "taskcard.toml"
     config.write_text("\n".join([*lines, *tail]).replace("'", '"') + "\n")
     return config, env
+
+
+def notice_states(tmp_path: Path, chat: object) -> list[str]:
+    """The states the service's state file records for the notices of `chat`'s routes."""
+    uri = f"file:{tmp_path / '.taskcard' / 'state.sqlite3'}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+        rows = db.execute("SELECT route, state FROM notices").fetchall()
+    return [state for route, state in rows if route.split(":")[1] == str(chat)]
 
 
 def cards(fake: FakeTelegram | FakeFeishu, chat: object) -> dict[str, str]:
@@ -145,6 +155,74 @@ def state_shown(fake: FakeTelegram | FakeFeishu, chat: object, agent: str) -> st
     """The head of `agent`'s card in `chat` (its name and state), "" while there is none."""
     found = card_of(fake, chat, agent)
     return "" if found is None else " ".join(found[1].split("\n")[:2])
+
+
+async def test_the_notices_queued_for_a_route_a_reload_removes_are_withdrawn(
+    tmp_path: Path, telegram: FakeTelegram
+) -> None:
+    """A notice waits its turn in both of alpha's chats (each one's card edit is still on
+    its way) when a reload takes the first chat's route away: it is withdrawn there, said in
+    the log, and shows in the second chat alone. It went on to the chat that no longer
+    follows alpha."""
+    first, second = TELEGRAM_CHATS
+    both: list[tuple[object, list[str]]] = [(first, ["alpha"]), (second, ["alpha"])]
+    config, env = write_config(tmp_path, telegram, both)
+    # The held edits below must outlast the steps of the test, not time out in between.
+    slow = "poll_timeout_s = 1\nrequest_timeout_s = 300"
+    config.write_text(config.read_text().replace("poll_timeout_s = 1", slow))
+    workdir = tmp_path / "agents" / "alpha"
+    code = "renderer_timeout"
+
+    def notices(chat: int) -> int:
+        return sum(f"[{code}]" in m.text for m in telegram.bot_messages(chat))
+
+    with ServeProcess(config, env=env) as serve:
+        assert serve.proc is not None
+        publish(workdir, "alpha step 1")
+        await eventually(
+            lambda: all("alpha step 1" in "".join(cards(telegram, c).values()) for c, _ in both),
+            timeout_s=WAIT_S,
+            what="alpha's card in both chats",
+        )
+        edits = {chat: telegram.count("editMessageText", chat) for chat in (first, second)}
+        telegram.hold_answers("editMessageText")  # each chat's lane waits on its edit
+        publish(workdir, "alpha step 2")
+        await eventually(
+            lambda: all(telegram.count("editMessageText", c) > n for c, n in edits.items()),
+            timeout_s=WAIT_S,
+            what="an edit on its way in each chat",
+        )
+        notify(workdir, f"task_card.error:tc_1:1:{code}", "error", code=code)
+        await eventually(
+            lambda: (
+                notice_states(tmp_path, first) == ["pending"]
+                and notice_states(tmp_path, second) == ["pending"]
+            ),
+            timeout_s=WAIT_S,
+            what="the notice recorded for both chats, queued behind their edits",
+        )
+
+        write_config(tmp_path, telegram, [(second, ["alpha"])])
+        config.write_text(config.read_text().replace("poll_timeout_s = 1", slow))
+        serve.proc.send_signal(signal.SIGHUP)
+        await eventually(
+            lambda: "config reloaded" in serve.logs, timeout_s=WAIT_S, what="the reload"
+        )
+        telegram.release_answers("editMessageText")
+        await eventually(
+            lambda: notices(second) == 1 and UNROUTED in "".join(cards(telegram, first).values()),
+            timeout_s=WAIT_S,
+            what="the notice in the second chat, the first chat's card saying it is unfollowed",
+        )
+        await eventually(
+            lambda: notice_states(tmp_path, first) != ["pending"],
+            timeout_s=WAIT_S,
+            what="the first chat's notice settled",
+        )
+        assert notice_states(tmp_path, first) == ["suppressed"]
+        assert notices(first) == 0, "not sent to a chat that no longer follows alpha"
+        assert "1 unsent notice withdrawn" in serve.logs
+        assert await serve.aterminate() == 0
 
 
 @pytest.mark.parametrize("platform", ["telegram", "feishu"])
