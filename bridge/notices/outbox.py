@@ -274,7 +274,8 @@ class NoticeOutbox:
         """The routes went (a reload removed them): every unsent notice of theirs is withdrawn
         as `suppress` does, their fold episode goes without its summary, and they are
         forgotten here, so that nothing more is sent to a chat that no longer follows their
-        agent. Returns how many notices were withdrawn (recorded suppressed or in flight)."""
+        agent. Returns how many pending notices were recorded suppressed (one in flight
+        already is its send's, see `suppress`)."""
         keys = set(routes)
         if not keys:
             return 0
