@@ -9,7 +9,9 @@ problem is reported as a `ConfigError` whose messages each name the key path
 Every number has a documented range (a timeout of 1e12 seconds passes a type check and breaks
 the service hours later), every URL is checked for its form, and `load_config` also checks the
 paths against the filesystem: a `state_dir` that is a file, or that cannot be written, is
-refused here rather than at the first state write.
+refused here rather than at the first state write. An agent's `workdir` that cannot be one
+(a file, a loop of links) is refused only by the pre-flight (`preflight`: `config check`,
+`serve --check`); elsewhere it is that agent's problem alone (`workdir_problems`).
 
 Run `python -m taskcard.bridge.config --write-schema` to regenerate
 `config/taskcard.schema.json` after changing a model; a test fails while the two disagree.
@@ -615,13 +617,18 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def path_problems(config: ServiceConfig) -> list[str]:
+def path_problems(config: ServiceConfig, *, workdirs: bool = False) -> list[str]:
     """Problems of the configured paths on this machine (the one impure check).
 
-    `state_dir` must be a writable directory, or creatable in one; an agent's `workdir` may
-    not exist yet, but when it exists it must be a directory. A path the system cannot even
-    look at (a name longer than the file system allows, a folder on the way this user may
-    not enter) is refused naming its key, never a traceback.
+    `state_dir` must be a writable directory, or creatable in one. A path the system cannot
+    even look at (a name longer than the file system allows, a folder on the way this user
+    may not enter) is refused naming its key, never a traceback.
+
+    With `workdirs` (the operator's pre-flight: `config check`, `serve --check`), an agent's
+    `workdir` that exists and is no folder, lies under a file or goes round a loop of links
+    is refused too. Elsewhere it is that agent's problem alone (`workdir_problems`): the
+    folder is the agent's, which may replace it at any moment, and it refused the start, a
+    reload and `taskcard status` for every other agent.
     """
     problems: list[str] = []
     state_problem = _examined(config.state_dir, _state_dir_problem)
@@ -631,11 +638,34 @@ def path_problems(config: ServiceConfig) -> list[str]:
         problem = _examined(root, _root_problem)
         if problem is not None:
             problems.append(f"discover.roots[{index}]: {problem}")
+    if workdirs:
+        for index, agent in enumerate(config.agents):
+            problem = _examined(agent.workdir, _workdir_problem)
+            if problem is not None:
+                problems.append(f"agents[{index}].workdir: {problem}")
+    return problems
+
+
+def workdir_problems(config: ServiceConfig) -> dict[str, str]:
+    """Per configured agent whose workdir cannot be one now (a file, under a file, a loop of
+    links, a path the service cannot look at), the line that says so (agent id -> line):
+    logged at a start and at a reload and listed by `taskcard status`, the agent served all
+    the same and its files read once the workdir is a folder again, the others untouched."""
+    lines: dict[str, str] = {}
     for index, agent in enumerate(config.agents):
         problem = _examined(agent.workdir, _workdir_problem)
         if problem is not None:
-            problems.append(f"agents[{index}].workdir: {problem}")
-    return problems
+            lines[agent.id] = workdir_unusable(agent.id, index, problem)
+    return lines
+
+
+def workdir_unusable(agent_id: str, index: int, problem: str) -> str:
+    """The line that says an agent's workdir cannot be one now (`workdir_problems`)."""
+    return (
+        f"agent {agent_id}: agents[{index}].workdir: {problem}; the agent is served all the"
+        " same and its files are read once its workdir is a folder (the other agents are not"
+        " affected)"
+    )
 
 
 def workdirs_not_yet(config: ServiceConfig) -> list[AgentConfig]:
@@ -643,8 +673,14 @@ def workdirs_not_yet(config: ServiceConfig) -> list[AgentConfig]:
     and picked up once its folder is made, so this is information rather than a warning;
     but a slip in the path (`agents/buidler`) would otherwise show nothing anywhere. Said by
     `config check`, `serve --check`, `taskcard status` and the log of a start and of a reload
-    (`workdir_not_yet`). A link to a folder not made yet counts as not existing."""
-    return [agent for agent in config.agents if not os.path.exists(agent.workdir)]
+    (`workdir_not_yet`). A link to a folder not made yet counts as not existing; a loop of
+    links, which never becomes a folder until the links change, is a problem
+    (`workdir_problems`), not said here."""
+    return [
+        agent
+        for agent in config.agents
+        if not os.path.exists(agent.workdir) and _examined(agent.workdir, _workdir_problem) is None
+    ]
 
 
 def workdir_not_yet(agent_id: str, workdir: Path | str) -> str:
@@ -1170,8 +1206,11 @@ def _home_hint(path: Path) -> str:
         return ""
 
 
-def load_config(path: Path, *, reload: bool = False) -> ServiceConfig:
+def load_config(path: Path, *, reload: bool = False, preflight: bool = False) -> ServiceConfig:
     """Read and validate the TOML file at `path`; raise `ConfigError` with every problem.
+
+    With `preflight` (`config check`, `serve --check`), an agent's workdir that cannot be
+    one is refused too (`path_problems`); otherwise it is that agent's problem alone.
 
     With `reload` (SIGHUP), a file that holds no key at all is refused: empty, it is most
     likely caught between an editor's truncation and its write (or emptied by mistake), and
@@ -1258,7 +1297,7 @@ def load_config(path: Path, *, reload: bool = False) -> ServiceConfig:
     if not regular and _pseudo_root(base_dir) is not None:
         base_dir = Path.cwd()
     config = parse_config(data, base_dir=base_dir, source=str(path))
-    problems = path_problems(config)
+    problems = path_problems(config, workdirs=preflight)
     if problems:
         raise ConfigError([f"{path}: {line}" for line in problems])
     return config
@@ -1661,7 +1700,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {SCHEMA_PATH}")
     if args.check is not None:
         try:
-            load_config(args.check)
+            load_config(args.check, preflight=True)
         except ConfigError as exc:
             for line in exc.messages:
                 print(line, file=sys.stderr)

@@ -23,6 +23,7 @@ from taskcard.bridge.config import (
     root_not_yet,
     roots_not_yet,
     workdir_not_yet,
+    workdir_problems,
     workdirs_not_yet,
 )
 from taskcard.bridge.deliver.registry import (
@@ -89,9 +90,12 @@ def shown_config(path: object) -> str:
     return printable(text)
 
 
-def _load(path: Path) -> ServiceConfig | None:
+def _load(path: Path, *, preflight: bool = False) -> ServiceConfig | None:
+    """The configuration at `path`, or None when it is refused (said on stderr or logged).
+    `preflight` (`config check`, `serve --check`) refuses an agent's workdir that cannot be
+    one, which `serve`, a reload and `status` take as that agent's problem alone."""
     try:
-        return load_config(path)
+        return load_config(path, preflight=preflight)
     except ConfigError as error:
         shown = shown_config(path)
         messages = [printable(m.replace(str(path), shown)) for m in error.messages]
@@ -117,7 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
         from taskcard.bridge.run.demo import run_demo
 
         return run_demo(None, None)
-    config = _load(Path(args.config))
+    config = _load(Path(args.config), preflight=args.check)
     if config is None:
         return EXIT_CONFIG
     if args.check:
@@ -168,7 +172,7 @@ def _check_secrets(path: str, config: ServiceConfig) -> int:
 def _config_check(args: argparse.Namespace) -> int:
     if args.file is None:
         no_config_given(args, "FILE", "FILE")
-    config = _load(Path(args.file))
+    config = _load(Path(args.file), preflight=True)
     if config is None:
         return EXIT_CONFIG
     _say_checked(args.file, config)
@@ -329,14 +333,23 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
             )
         running, pid = running_pid(config.state_dir)
         not_yet = {agent.id for agent in workdirs_not_yet(config)}
+        unusable = workdir_problems(config)
         agents = [
             {
                 "agent": agent_id,
                 "workdir": str(workdir),
                 # A configured workdir not made yet (served, picked up once it is).
                 "workdir_exists": agent_id not in not_yet,
+                # A configured workdir that cannot be one now (a file, a loop of links):
+                # the line saying so, or null. Served, its files read once it is a folder.
+                "workdir_problem": unusable.get(agent_id) if found_by == "config" else None,
                 "found_by": found_by,
-                **_agent_now(config, agent_id, workdir, agent_id not in not_yet),
+                **_agent_now(
+                    config,
+                    agent_id,
+                    workdir,
+                    agent_id not in not_yet and (found_by != "config" or agent_id not in unusable),
+                ),
                 "problems": parse_agent_health(
                     store.get_cursor(agent_health_key(agent_id)) if store else None
                 ),
@@ -717,6 +730,8 @@ def _status(args: argparse.Namespace) -> int:
             print(printable(f"agent {agent['agent']}: discovered at {agent['workdir']}"))
         if not agent["workdir_exists"]:
             print(printable(workdir_not_yet(agent["agent"], agent["workdir"])))
+        if agent["workdir_problem"]:
+            print(printable(agent["workdir_problem"]))
         if agent["problems"]:
             print(printable(f"agent {agent['agent']}: PROBLEMS"))
             for problem in agent["problems"]:

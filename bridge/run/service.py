@@ -40,6 +40,7 @@ from taskcard.bridge.config import (
     root_not_yet,
     roots_not_yet,
     workdir_not_yet,
+    workdir_problems,
     workdirs_not_yet,
 )
 from taskcard.bridge.deliver.registry import BuiltChannel, RouteSpec, original_chat, route_specs
@@ -213,6 +214,8 @@ class Service(Departures, ChatBoards, AgentSignals, ChatCommands):
         self._not_yet: set[tuple[str, Path]] = set()
         # ... and the discovery roots that did not (`roots_not_yet`), said the same way.
         self._roots_not_yet: set[Path] = set()
+        # ... and the lines said of configured workdirs that cannot be one (`_say_not_yet`).
+        self._unusable: set[str] = set()
         self._closing: dict[RouteKey, float] = {}  # route -> when it began closing (monotonic)
         self._scheduled: set[RouteKey] = set()
         self._watcher: FleetWatcher | None = None
@@ -979,9 +982,10 @@ class Service(Departures, ChatBoards, AgentSignals, ChatCommands):
 
     def _say_not_yet(self) -> None:
         """Log the configured agents whose workdir does not exist yet (`workdirs_not_yet`),
-        and the discovery roots that do not (`roots_not_yet`),
-        one line each, at the start and at a reload: served and picked up once the folder is
-        made, but a slip in the path showed nothing anywhere. Once: a reload does not say
+        and the discovery roots that do not (`roots_not_yet`), and warn of the workdirs
+        that cannot be one (`workdir_problems`), one line each, at the start and at a
+        reload: served and picked up once the folder is made, but a slip in the path showed
+        nothing anywhere. Once: a reload does not say
         again one it said before with the same workdir (it says one that appeared since and
         is gone again)."""
         missing = workdirs_not_yet(self._config)
@@ -994,6 +998,14 @@ class Service(Departures, ChatBoards, AgentSignals, ChatCommands):
             if root not in self._roots_not_yet:
                 log.info("%s", root_not_yet(index, root))
         self._roots_not_yet = {root for _, root in roots}
+        # A workdir that cannot be one (a file, a loop of links) is that agent's problem
+        # alone: a warning, the agent served all the same (it refused the start and every
+        # reload, for the whole fleet).
+        unusable = workdir_problems(self._config)
+        for line in unusable.values():
+            if line not in self._unusable:
+                log.warning("%s", line)
+        self._unusable = set(unusable.values())
 
     def _retime(self, no_output_after_s: float) -> None:
         """Every agent served takes a reloaded `no_output_after_s`: it kept the value it was

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import Callable
 from importlib.metadata import version
@@ -45,16 +46,16 @@ def taskcard(
 
 
 def refused_by_every_command(
-    config: Path, key: str
+    config: Path, key: str, *, serve: bool = True
 ) -> list[tuple[str, subprocess.CompletedProcess[str]]]:
     """The one stderr line naming `key` that `config check`, `serve --check` and `serve` each
-    print when they refuse `config` (exit 2, no traceback), with each command's result."""
+    print when they refuse `config` (exit 2, no traceback), with each command's result.
+    Without `serve`, only the pre-flight two (`serve` starts: `warned_by_serve`)."""
     lines = []
-    for args in (
-        ("config", "check", str(config)),
-        ("serve", "--config", str(config), "--check"),
-        ("serve", "--config", str(config)),
-    ):
+    commands = [("config", "check", str(config)), ("serve", "--config", str(config), "--check")]
+    if serve:
+        commands.append(("serve", "--config", str(config)))
+    for args in commands:
         result = taskcard(*args)
         assert result.returncode == 2, (args, result.stderr)
         assert "Traceback" not in result.stderr, result.stderr
@@ -62,6 +63,27 @@ def refused_by_every_command(
         assert len(named) == 1, result.stderr
         lines.append((named[0], result))
     return lines
+
+
+def warned_by_serve(config: Path, key: str, timeout_s: float = 60.0) -> str:
+    """The WARNING line naming `key` that `serve` logs when it starts on `config` all the
+    same (an agent's workdir that cannot be one is that agent's problem alone), stopped
+    cleanly afterwards, no traceback."""
+    with ServeProcess(config) as serve:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            named = [
+                line
+                for line in serve.logs.splitlines()
+                if "WARNING" in line and f" {key}: " in line
+            ]
+            if named or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(named) == 1, serve.logs
+        assert serve.terminate() == 0, serve.logs
+    assert "Traceback" not in serve.logs, serve.logs
+    return named[0]
 
 
 def console_config(tmp_path: Path, agents: str = "", extra: str = "") -> Path:

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.harness import ServeProcess, eventually
-from tests.e2e.test_cli import AGENT, console_config, refused_by_every_command, taskcard
+from tests.e2e.test_cli import (
+    AGENT,
+    console_config,
+    refused_by_every_command,
+    taskcard,
+    warned_by_serve,
+)
 
 # One folder name longer than any Linux file system takes (NAME_MAX is 255 bytes).
 LONG = "x" * 300
@@ -48,12 +54,18 @@ def test_a_path_that_cannot_be_examined_is_refused_naming_the_key(
 ) -> None:
     """A path whose name is longer than the file system allows, or under a folder this user
     may not enter, ended `config check`, `serve --check` and `serve` with a traceback (exit
-    1) from `Path.exists`. It is an invalid configuration: exit 2, one line naming the key."""
+    1) from `Path.exists`. It is an invalid configuration: exit 2, one line naming the key.
+    An agent's workdir is that agent's problem alone: refused by the pre-flight two, while
+    `serve` warns of it in the same words and serves the rest (test_workdir_unusable.py)."""
     bad = LONG if kind == "name-too-long" else _locked(tmp_path) + "/inner"
     config = tmp_path / "taskcard.toml"
     config.write_text(toml.format(bad=bad) + "[console]\nenabled = true\n")
+    workdir = key.startswith("agents[")
     try:
-        for line, _ in refused_by_every_command(config, key):
+        said = [line for line, _ in refused_by_every_command(config, key, serve=not workdir)]
+        if workdir:
+            said.append(warned_by_serve(config, key))
+        for line in said:
             if kind == "name-too-long":
                 assert "longer than the file system allows" in line, line
                 assert LONG not in line  # the screenful of a name is not echoed
@@ -102,7 +114,9 @@ async def test_a_reload_naming_a_path_that_cannot_be_examined_is_refused_and_ser
 ) -> None:
     """SIGHUP after the file gained such a path: the reload was cut short by the same
     traceback, logged as an exception of the loop. It is refused with the key's line, as an
-    invalid file is, and the running configuration stays (a later valid reload applies)."""
+    invalid file is, and the running configuration stays (a later valid reload applies).
+    An agent's workdir is that agent's problem alone: the reload is taken and warns of it
+    in the same words (test_workdir_unusable.py)."""
     (tmp_path / "agents" / "builder").mkdir(parents=True)
     (tmp_path / "agents" / "other").mkdir(parents=True)
     config = console_config(tmp_path, AGENT, extra="[console]\nenabled = true\n")
@@ -112,14 +126,24 @@ async def test_a_reload_naming_a_path_that_cannot_be_examined_is_refused_and_ser
         assert serve.proc is not None
         config.write_text(good + extra)
         serve.proc.send_signal(signal.SIGHUP)
-        await eventually(lambda: "config reload refused" in serve.logs, what="the refusal")
+        if "late" in extra:
+            await eventually(
+                lambda: "config reloaded: 2 agents" in serve.logs, what="the reload taken"
+            )
+            key = "agent late: agents[1].workdir: the path (or one of its folder names) is"
+        else:
+            await eventually(lambda: "config reload refused" in serve.logs, what="the refusal")
+            key = "discover.roots[0]: the path (or one of its folder names) is"
         await eventually(
-            lambda: "longer than the file system allows" in serve.logs, what="the key's line"
+            lambda: f"{key} longer than the file system allows" in serve.logs,
+            what="the key's line",
         )
         config.write_text(good + '[[agents]]\nid = "other"\nworkdir = "agents/other"\n')
         serve.proc.send_signal(signal.SIGHUP)
+        reloads = 2 if "late" in extra else 1
         await eventually(
-            lambda: "config reloaded: 2 agents" in serve.logs, what="the later valid reload"
+            lambda: serve.logs.count("config reloaded: 2 agents") == reloads,
+            what="the later valid reload",
         )
         assert await serve.aterminate() == 0
     assert "Traceback" not in serve.logs, serve.logs
