@@ -50,6 +50,13 @@ _PROC_FD: Final = "/proc/self/fd/"
 _O_PATH: Final = getattr(os, "O_PATH", 0)
 _LOOK_FLAGS: Final = _O_PATH | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _MISSING: Final = frozenset({errno.ENOENT})
+# `extra=HELD_LIKE_WARNINGS` marks an INFO line that says an agent's problem is over ("is
+# readable again"): the log's repeat limiter (`bridge.run.logs.RepeatLimiter`) holds it back
+# as it holds back the warnings, for its problem's warning may have been held back. An agent
+# whose file flaps between good and broken logged one such line per flap (109 in 20 s), the
+# warnings once a minute. Defined here, the lowest layer that logs one.
+HELD_ATTR: Final = "taskcard_held_like_warnings"
+HELD_LIKE_WARNINGS: Final = {HELD_ATTR: True}
 
 
 class Refused(Exception):
@@ -495,7 +502,9 @@ class WorkdirFiles:
             return  # the common case: nothing to clear, no name to work out
         name = self._name(path)
         if self.problems.pop(name, None) is not None:
-            logger.info("agent %s: %s is readable again", self.agent_id, name)
+            logger.info(
+                "agent %s: %s is readable again", self.agent_id, name, extra=HELD_LIKE_WARNINGS
+            )
 
 
 def _too_large(limit: int) -> str:

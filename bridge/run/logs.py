@@ -10,7 +10,8 @@ from (`bridge.schedule.scheduler`); this module only decides the shape of the li
 - the configured secrets are replaced in the finished line, whatever format, whatever part of
   the record (message, extra field, traceback) carried them;
 - a warning that repeats (a refresh failing every second) is let through once per interval
-  and per kind of message; the next one after the interval says how many were held back.
+  and per kind of message; the next one after the interval says how many were held back
+  (and so is the line that says an agent's file is readable again, `HELD_LIKE_WARNINGS`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, Final, Literal, TextIO
 
+from taskcard.bridge.follow.safe_read import HELD_ATTR
 from taskcard.channels.errors import secrets_pattern
 from taskcard.producers.task_card.contract import terminal_json
 
@@ -52,6 +54,9 @@ _SUBJECT: Final = re.compile(r"(?:agent|route) \S+: ")
 # like the one before it. The mark itself is not written out.
 _EVERY_TIME_ATTR: Final = "taskcard_every_time"
 EVERY_TIME: Final = {_EVERY_TIME_ATTR: True}
+# The marks of a record, which are not written out (`HELD_ATTR`: an INFO line the limiter
+# holds back like a warning, see `bridge.follow.safe_read.HELD_LIKE_WARNINGS`).
+_MARKS: Final = frozenset({_EVERY_TIME_ATTR, HELD_ATTR})
 
 
 def iso_timestamp(created: float) -> str:
@@ -61,9 +66,7 @@ def iso_timestamp(created: float) -> str:
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return {
-        k: v
-        for k, v in record.__dict__.items()
-        if k not in _STANDARD_ATTRS and k != _EVERY_TIME_ATTR
+        k: v for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS and k not in _MARKS
     }
 
 
@@ -116,14 +119,16 @@ class ScrubbingFormatter(logging.Formatter):
 
 class RepeatLimiter(logging.Filter):
     """Lets the first of a kind of warning through, then one per `interval_s` with a count
-    (a record logged with `extra=EVERY_TIME` always passes).
+    (a record logged with `extra=EVERY_TIME` always passes; one logged below WARNING with
+    `extra=HELD_LIKE_WARNINGS`, the line saying an agent's problem is over, is held back
+    the same way: a flapping agent's "is readable again" lines came once per flap).
 
     Messages are of one kind when the logger, the level and the text with its numbers blanked
     out agree ("refresh of builder failed (attempt 7)" and "... (attempt 8)"), the agent or
     route a line starts with ("agent worker-7: ", "route telegram:-100123::builder: ") kept as
     written: the numbers in such a name tell fleets of agents apart, so the same problem of
     forty agents is forty lines, each once, not the first agent's alone. Below WARNING
-    nothing is held back: debug output is asked for on purpose. A held-back count is reported
+    nothing else is held back: debug output is asked for on purpose. A held-back count is reported
     on the next message of its kind after the interval; `time_s` is injectable for tests.
     """
 
@@ -139,7 +144,9 @@ class RepeatLimiter(logging.Filter):
         self._windows: dict[tuple[str, int, str], tuple[float, int]] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or getattr(record, _EVERY_TIME_ATTR, False):
+        if getattr(record, _EVERY_TIME_ATTR, False):
+            return True
+        if record.levelno < logging.WARNING and not getattr(record, HELD_ATTR, False):
             return True
         message = record.getMessage()
         key = (record.name, record.levelno, _kind(message))

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TypeAlias
 
-from taskcard.bridge.follow.safe_read import StrPath, WorkdirFiles
+from taskcard.bridge.follow.safe_read import HELD_LIKE_WARNINGS, StrPath, WorkdirFiles
 from taskcard.bridge.follow.tail import (
     MAX_READ_BYTES,
     FileSignature,
@@ -277,7 +277,12 @@ class AgentSide:
         if report is not None:
             if self._broken_line is not None:
                 self._broken_line = None
-                logger.info("agent %s: %s holds reports again", self._files.agent_id, REPORTS_NAME)
+                logger.info(
+                    "agent %s: %s holds reports again",
+                    self._files.agent_id,
+                    REPORTS_NAME,
+                    extra=HELD_LIKE_WARNINGS,
+                )
             return
         problem = line_problem(line)
         if problem is not None:
