@@ -556,6 +556,11 @@ class AgentMonitor:
             return False
         else:
             lines = follower.read_new()
+            if follower.take_skipped():
+                # More than the follower reads at once appended between two reads (a line
+                # that long, 30 MB, is no event): passed over, counted among the unreadable
+                # lines as a deep or malformed one is (it was passed over without a word).
+                self._tracker.skipped_lines += 1
         for line in lines:
             self._tracker.feed(line)
         return True

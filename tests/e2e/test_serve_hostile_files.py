@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from taskcard.bridge.follow.tail import MAX_READ_BYTES
 from taskcard.producers.task_card.contract import CardPaths, atomic_write
 from tests.e2e.harness import (
     ServeProcess,
@@ -409,6 +410,35 @@ async def test_a_usage_line_with_no_count_claims_no_tokens(
         activity(counts, "usage", input_tokens=1200, output_tokens=300)
         await eventually(lambda: shows(fake, GROUP, "1.2k"), what="the good usage line")
         assert await serve.aterminate() == 0
+
+
+async def test_an_events_line_longer_than_a_read_is_counted_as_skipped(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A single activity line longer than the service reads at once (8 MB) was passed over
+    without a word: the card's "unreadable lines skipped" row, which counts a line nested
+    too deep, did not count it (probeE F3). It counts as one; the lines after it are read."""
+    serve = setup(tmp_path, fake, ["huge"])
+    huge, good = workdir(tmp_path, "huge"), workdir(tmp_path, "good")
+    publish(huge, "huge v1")
+    with serve:
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, PRIVATE, "good v1"), what="the healthy card")
+        await eventually(lambda: shows(fake, GROUP, "huge v1"), what="the card")
+        events = huge / "logs" / "events.jsonl"
+        events.parent.mkdir(exist_ok=True)
+        with events.open("a") as log:
+            log.write('{"ts": "2026-12-06T00:00:00Z", "kind": "text", "text": "')
+            log.write("x" * (MAX_READ_BYTES + 1024) + '"}\n')
+        activity(huge, "usage", input_tokens=1200, output_tokens=300)
+        publish(huge, "huge v2")
+        card = await eventually(
+            lambda: next((t for t in texts(fake, GROUP) if "huge v2" in t and "1.2k" in t), None),
+            what="the card after the huge line",
+        )
+        assert "activity log: 1 unreadable lines skipped" in card, card
+        assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
 
 
 def _ledger_document(task_id: str, **derived: object) -> str:
