@@ -136,7 +136,7 @@ def is_inside(root: str, path: str) -> bool:
 class WorkdirFiles:
     """Safe reads of the files under one agent's workdir, with the problems they had."""
 
-    __slots__ = ("_root", "agent_id", "problems", "workdir")
+    __slots__ = ("_by_judge", "_root", "agent_id", "problems", "workdir")
 
     def __init__(self, agent_id: str, workdir: Path) -> None:
         self.agent_id = agent_id
@@ -152,6 +152,11 @@ class WorkdirFiles:
         # still be inside it), never admit: a refusal is then re-judged against a fresh root,
         # which is exactly what a read without the kept root would have done.
         self._root: str | None = None
+        # The names whose problem a `judge` found in their bytes (made on the first one): a
+        # `stat` of the file, which sees only that it is a regular file, leaves their problem
+        # as it is; the next reading of the bytes decides (a ledger looked at by `stat`
+        # between its reads was called "readable again" at the next look, still broken).
+        self._by_judge: set[str] | None = None
 
     # -- public reads -----------------------------------------------------------------------
 
@@ -159,14 +164,14 @@ class WorkdirFiles:
         """The regular file's status, or None when it is missing or refused."""
         direct = self._stat_direct(os.fspath(path))
         if direct is not None:
-            self._fine(path)
+            self._fine(path, looked=direct[0] is not None)
             return direct[0]
         try:
             checked = self._check(path)
         except Refused as refusal:
             self._refused(path, str(refusal))
             return None
-        self._fine(path)
+        self._fine(path, looked=checked is not None)
         return checked[2] if checked else None
 
     def open(self, path: StrPath) -> BinaryIO | None:
@@ -256,7 +261,7 @@ class WorkdirFiles:
         if reason is None:
             self._fine(path)
         else:
-            self._refused(path, reason, after="its last good reading stays")
+            self._refused(path, reason, after="its last good reading stays", judged=True)
 
     # -- the checks -------------------------------------------------------------------------
 
@@ -491,16 +496,30 @@ class WorkdirFiles:
         except ValueError:
             return os.path.basename(path)
 
-    def _refused(self, path: StrPath, reason: str, *, after: str = "not read") -> None:
+    def _refused(
+        self, path: StrPath, reason: str, *, after: str = "not read", judged: bool = False
+    ) -> None:
         name = self._name(path)
         if self.problems.get(name) != reason:
             logger.warning("agent %s: %s %s; %s", self.agent_id, name, reason, after)
         self.problems[name] = reason
+        if judged:
+            if self._by_judge is None:
+                self._by_judge = set()
+            self._by_judge.add(name)
+        elif self._by_judge is not None:
+            self._by_judge.discard(name)
 
-    def _fine(self, path: StrPath) -> None:
+    def _fine(self, path: StrPath, *, looked: bool = False) -> None:
+        """`path` found fine: its problem cleared. `looked`: only seen to be a regular file
+        (`stat`), which clears no problem found in its bytes (`_by_judge`)."""
         if not self.problems:
             return  # the common case: nothing to clear, no name to work out
         name = self._name(path)
+        if self._by_judge is not None and name in self._by_judge:
+            if looked:
+                return
+            self._by_judge.discard(name)
         if self.problems.pop(name, None) is not None:
             logger.info(
                 "agent %s: %s is readable again", self.agent_id, name, extra=HELD_LIKE_WARNINGS

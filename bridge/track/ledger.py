@@ -23,7 +23,7 @@ from taskcard.producers.ledger.contract import (
     LEDGER_FILE,
     MAX_SUMMARY_BYTES,
     LedgerSummary,
-    parse_summary,
+    judged_summary,
 )
 
 _UNKNOWN: Final = LedgerSummary()
@@ -74,11 +74,25 @@ class LedgerView:
         cached = self._cache.get(files)
         if cached is not None and cached[0] == signature:
             return cached[1]
-        data = None if info.st_size > MAX_SUMMARY_BYTES else files.read(path, MAX_SUMMARY_BYTES)
-        if data is None and info.st_size <= MAX_SUMMARY_BYTES and name not in files.problems:
+        read: list[LedgerSummary] = []
+
+        def judge(raw: bytes) -> str | None:
+            # Read once, judged and summed up in the same parse: a ledger that is no ledger
+            # (not JSON, nested too deep, no tasks) is named with the fix, not only "unknown".
+            summary, problem = judged_summary(raw)
+            read.append(summary)
+            return problem
+
+        # `whole`: a larger one is refused naming its size (it read as unknown, silently).
+        data = files.read(path, MAX_SUMMARY_BYTES, whole=True, judge=judge)
+        if data is None and name not in files.problems:
             self._cache.pop(files, None)
             return None  # removed between the look and the read
-        result = parse_summary(data) if data else _UNKNOWN
+        result = read[0] if read else _UNKNOWN
+        if name in files.problems:
+            # Refused for its size or its content: the last good row stays, as for any file.
+            kept = cached[1] if cached is not None else None
+            result = kept if kept is not None else _UNKNOWN
         self._cache[files] = (signature, result)
         return result
 

@@ -82,15 +82,44 @@ def _int(value: Any) -> int | None:
     return count_field(value)
 
 
+# What to do about a ledger file the service cannot read a row from (`judged_summary`).
+LEDGER_FIX: Final = "write it with `taskcard ledger` or the ledger MCP tool, not by hand"
+
+
 def parse_summary(data: bytes) -> LedgerSummary:
     """The summary of the newest task not completed (else the newest). Never raises."""
+    return judged_summary(data)[0]
+
+
+def judged_summary(data: bytes) -> tuple[LedgerSummary, str | None]:
+    """`parse_summary`, and why the bytes are no ledger the row can be read from, in words
+    that follow the file's name (None for a ledger, also one with no task yet, and for an
+    empty file, a write under way). Such a file read as "ledger: unknown" and nothing said
+    which file or why."""
+    if not data.strip():
+        return LedgerSummary(), None
     try:
         document = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return LedgerSummary()
-    tasks = document.get("tasks") if isinstance(document, dict) else None
+    except UnicodeDecodeError:
+        return LedgerSummary(), f"is not UTF-8 text; {LEDGER_FIX}"
+    except RecursionError:
+        return LedgerSummary(), f"nests deeper than JSON is read; {LEDGER_FIX}"
+    except ValueError:
+        return LedgerSummary(), f"is not JSON; {LEDGER_FIX}"
+    if not isinstance(document, dict):
+        return LedgerSummary(), f"is not a JSON object; {LEDGER_FIX}"
+    tasks = document.get("tasks")
     if not isinstance(tasks, dict):
-        return LedgerSummary()
+        return LedgerSummary(), f'has no "tasks" object; {LEDGER_FIX}'
+    summary = _summary_of(tasks)
+    if tasks and summary is None:
+        return LedgerSummary(), f"holds no task with its task and derived objects; {LEDGER_FIX}"
+    return summary or LedgerSummary(), None
+
+
+def _summary_of(tasks: dict[str, Any]) -> LedgerSummary | None:
+    """The summary of the newest task not completed (else the newest), None when no
+    record is a task."""
     candidates: list[tuple[bool, str, dict[str, Any]]] = []
     for record in tasks.values():
         if not isinstance(record, dict):
@@ -102,7 +131,7 @@ def parse_summary(data: bytes) -> LedgerSummary:
         open_task = derived.get("workflow") != "COMPLETED"
         candidates.append((open_task, created if isinstance(created, str) else "", record))
     if not candidates:
-        return LedgerSummary()
+        return None
     _, _, record = max(candidates, key=lambda item: (item[0], item[1]))
     derived = record["derived"]
     workflow = derived.get("workflow")

@@ -549,6 +549,52 @@ async def test_a_ledger_state_that_is_not_text_reads_as_unknown(
     assert "Traceback" not in serve.logs
 
 
+async def test_a_ledger_that_is_no_ledger_is_named_with_the_fix(
+    tmp_path: Path, fake: FakeTelegram
+) -> None:
+    """A ledger file that is not JSON, nests too deep or holds no tasks object read as
+    "ledger: unknown" with nothing naming the file or why (probeE F3). It is named on the
+    card and in `taskcard status` with the fix, the last good row kept, and cleared by a
+    good ledger."""
+    serve = setup(tmp_path, fake, ["ledg"])
+    ledg, good = workdir(tmp_path, "ledg"), workdir(tmp_path, "good")
+    ledger = ledg / "ledger/long-task-ledger.json"
+    ledger.parent.mkdir()
+    ledger.write_text('{"tasks": {"t": ')  # cut short: not JSON
+    publish(ledg, "ledg v1")
+    name = "ledger/long-task-ledger.json"
+    fix = "write it with `taskcard ledger` or the ledger MCP tool, not by hand"
+    with serve:
+        publish(good, "good v1")
+        await eventually(lambda: shows(fake, PRIVATE, "good v1"), what="the healthy card")
+        await eventually(
+            lambda: shows(fake, GROUP, f"⚠ {name}: is not JSON; {fix}"), what="not JSON named"
+        )
+        atomic_write(ledger, _ledger_document("T1").encode())
+        await eventually(lambda: shows(fake, GROUP, "ledger T1: RUNNING"), what="T1 running")
+        for bad, words in (
+            (b"[" * 100_000 + b"]" * 100_000, "nests deeper than JSON is read"),
+            (b'{"tasks": ["T9"]}', 'has no "tasks" object'),
+        ):
+            atomic_write(ledger, bad)
+            said = f"{name}: {words}; {fix}"
+            card = await eventually(
+                lambda said=said: next((t for t in texts(fake, GROUP) if said in t), None),
+                what=words,
+            )
+            assert "ledger T1: RUNNING" in card, card  # the last good row stays
+            problems = await eventually(
+                lambda said=said: said in status_json(serve.config)["ledg"] and True,
+                what=f"{words} in taskcard status",
+            )
+            assert problems
+        atomic_write(ledger, _ledger_document("T2").encode())
+        await eventually(lambda: shows(fake, GROUP, "ledger T2: RUNNING"), what="T2 running")
+        await eventually(lambda: status_json(serve.config)["ledg"] == [], what="cleared")
+        assert await serve.aterminate() == 0
+    assert "Traceback" not in serve.logs
+
+
 async def test_a_dangling_symlink_out_of_the_workdir_is_listed_from_the_first_sight(
     tmp_path: Path, fake: FakeTelegram
 ) -> None:
