@@ -4,6 +4,8 @@ Nothing upstream of a channel matches error strings or codes; it sees only this 
 
     ChannelError
     ├── RateLimited(retry_after_s, scope)   the platform asked us to wait; pause `scope`
+    │   └── AppUnavailable(reason)          the platform refuses the whole app for now (a
+    │                                       setting of its console): hold it, with a backoff
     ├── NotModified                         the chat already shows these bytes: success
     ├── MessageGone                         deleted, recalled, too old or not editable:
     │                                       send one replacement and persist its id
@@ -83,6 +85,19 @@ class RateLimited(ChannelError):
         super().__init__(f"{detail}; retry after {retry_after_s:g}s (scope {scope})")
         self.retry_after_s = retry_after_s
         self.scope = scope
+
+
+class AppUnavailable(RateLimited):
+    """The platform refuses every request of the app, for a cause its operator fixes in the
+    platform's console (the bot ability off, this host's address not allowed, the app
+    disabled): not this card's or this chat's fault. Like a rate limit it pauses `scope`
+    (the app's) for `retry_after_s`, a wait the channel grows while the cause lasts, so every
+    route is held, nothing is refused for good, and all go on by themselves once the app
+    works again. `reason` names the cause and the fix, for the log and `taskcard status`."""
+
+    def __init__(self, retry_after_s: float, scope: str, reason: str) -> None:
+        super().__init__(retry_after_s, scope, reason)
+        self.reason = reason
 
 
 class NotModified(ChannelError):

@@ -49,8 +49,10 @@ from taskcard.bridge.run.runner import (
 )
 from taskcard.bridge.run.terminal import printable
 from taskcard.bridge.schedule.scheduler import (
+    APP_UNAVAILABLE_CURSOR,
     card_refusal_marked,
     card_refused_key,
+    parse_app_unavailable,
     parse_card_refused,
 )
 from taskcard.bridge.store.sqlite import (
@@ -245,6 +247,10 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
         active_pauses = {
             scope: min(until, ceiling) for scope, until in pauses.items() if until > now
         }
+        # The apps the platform refuses as a whole (the cause and the fix), by their scope.
+        unavailable = parse_app_unavailable(
+            store.get_cursor(APP_UNAVAILABLE_CURSOR) if store else None
+        )
         health = read_health(config.state_dir)
         pending = store.pending_notices() if store else []
         unsure = store.unsure_notices() if store else []
@@ -319,6 +325,16 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
                     "unanswered_sends": record.unsure_sends if record else 0,
                     "sends_held_until": _send_hold(config, channel, record, now),
                     "paused_until": route_pauses,
+                    # Held with every route of its app: the platform refuses the app itself
+                    # (the cause and the fix; null: not so).
+                    "app_unavailable": next(
+                        (
+                            reason
+                            for scope, (reason, _) in sorted(unavailable.items())
+                            if rules is not None and rules.covers(scope, chat, message_id)
+                        ),
+                        None,
+                    ),
                     "pending_notices": [p.notice_id for p in pending if p.route == key],
                     # Sent without an answer (or cut short by a stop) on a platform that
                     # cannot deduplicate sends: maybe in the chat, never sent again.
@@ -378,6 +394,16 @@ def status_report(config: ServiceConfig) -> dict[str, Any]:
             "pauses": [
                 {"scope": scope, "what": describe_scope(scope), "until": _when(until)}
                 for scope, until in sorted(active_pauses.items())
+            ],
+            # Apps the platform refuses as a whole for now, until a request goes through.
+            "apps_unavailable": [
+                {
+                    "scope": scope,
+                    "what": describe_scope(scope),
+                    "reason": reason,
+                    "since": _when(since),
+                }
+                for scope, (reason, since) in sorted(unavailable.items())
             ],
             "routes": routes,
             "agents": agents,
@@ -646,6 +672,13 @@ def _status(args: argparse.Namespace) -> int:
         )
     for pause in report["pauses"]:
         print(f"rate-limit pause: {pause['scope']} ({pause['what']}) until {pause['until']}")
+    for app in report["apps_unavailable"]:
+        print(
+            printable(
+                f"APP UNAVAILABLE since {app['since'] or 'an unknown time'}: {app['reason']};"
+                f" {app['what']} held, tried again until it works"
+            )
+        )
     aside_said: set[tuple[str, str]] = set()
     for route in report["routes"]:
         opened = " (opened by a turn origin)" if route["opened_by"] == "origin" else ""
@@ -715,6 +748,8 @@ def _status(args: argparse.Namespace) -> int:
             print(f"  sends held until {route['sends_held_until']}")
         for scope, until in route["paused_until"].items():
             print(f"  paused: {scope} until {until}")
+        if route["app_unavailable"]:
+            print("  held: the platform refuses the app itself (see APP UNAVAILABLE above)")
         notices = route["pending_notices"]
         print(
             f"  pending notices: {len(notices)}"

@@ -86,6 +86,7 @@ from taskcard.channels.base import (
     counted,
 )
 from taskcard.channels.errors import (
+    AppUnavailable,
     ChannelError,
     CredentialsRejected,
     Forbidden,
@@ -109,6 +110,9 @@ PENDING_REPLIES_CURSOR = "replies:pending"
 # route's store key (which ends with the agent's id, so a departed agent's is forgotten too).
 CARD_REFUSED_PREFIX = "card-refused:"
 MAX_REFUSAL_CHARS = 500
+# The apps a platform refuses as a whole for now (`AppUnavailable`), kept for `taskcard status`
+# until a request of the channel goes through: `{scope: {"reason": text, "at": epoch}}`.
+APP_UNAVAILABLE_CURSOR = "app-unavailable"
 # "resident message N created": the first of a burst at INFO at once, the others of the next
 # minute at DEBUG and counted in one INFO line at its end (a start of 10,000 agents wrote
 # 10,000 lines, about 2-4% of the start's CPU; bench/RESULTS.md, 2026-12-04).
@@ -118,6 +122,24 @@ CREATED_SUMMARY_S = 60.0
 def card_refused_key(route: str) -> str:
     """The store key of the refusal kept for the route whose store key is `route`."""
     return CARD_REFUSED_PREFIX + route
+
+
+def parse_app_unavailable(raw: str | None) -> dict[str, tuple[str, float | None]]:
+    """The apps held as unavailable, by their scope: the reason and since when (epoch
+    seconds, None when unreadable); {} when none is kept or the value is not this shape."""
+    try:
+        data = json.loads(raw) if raw else None
+    except (ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    found: dict[str, tuple[str, float | None]] = {}
+    for scope, entry in data.items():
+        if isinstance(entry, dict) and isinstance(entry.get("reason"), str):
+            at = entry.get("at")
+            usable = isinstance(at, int | float) and not isinstance(at, bool) and at == at
+            found[scope] = (entry["reason"], float(at) if usable and at is not None else None)
+    return found
 
 
 def parse_card_refused(raw: str | None, route: str) -> tuple[str, float | None] | None:
@@ -576,6 +598,14 @@ class RouteScheduler:
         self._clock = clock
         self._wall = wall_clock
         self._pause_unsaved = False  # a pause the store refused, said once until one is saved
+        # The scopes of apps the platform refuses as a whole for now, with the reason said
+        # (once, until a request of the channel goes through again).
+        # Those an earlier run kept (reason ""): said again if still so, cleared once not.
+        try:
+            kept = parse_app_unavailable(store.get_cursor(APP_UNAVAILABLE_CURSOR))
+        except Exception:
+            kept = {}  # the store's own warning says it; status then shows none
+        self._unavailable: dict[str, str] = dict.fromkeys(kept, "")
         self._backoff = Backoff(initial_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
         # Shared by several instances when clustered; in memory otherwise.
         self._limiter = limiter or RateLimiter(clock, max_pause_s=max_pause_s)
@@ -1377,7 +1407,9 @@ class RouteScheduler:
         """Pause the scope the platform named for its `retry_after` (bounded), here and in
         the store; returns the seconds applied."""
         applied = self._limiter.pause(error.scope, error.retry_after_s)
-        if applied < error.retry_after_s:
+        if isinstance(error, AppUnavailable):
+            self._app_unavailable(error, where, applied)
+        elif applied < error.retry_after_s:
             log.warning(
                 "rate limited in %s: the platform asked for %gs; pausing scope %s for the"
                 " maximum of %.0fs (limits.max_pause_s)",
@@ -1392,6 +1424,49 @@ class RouteScheduler:
             )
         self._save_pause(error.scope, self._wall() + applied)
         return applied
+
+    def _app_unavailable(self, error: AppUnavailable, where: str, applied_s: float) -> None:
+        """The platform refuses the whole app: said once with its cause and fix (then only
+        each try again, at DEBUG), and kept for `taskcard status` until the app works."""
+        if self._unavailable.get(error.scope) == error.reason:
+            log.debug("in %s the app is still refused; trying again in %.0fs", where, applied_s)
+            return
+        self._unavailable[error.scope] = error.reason
+        log.error(
+            "%s; every route of it is held (nothing is refused for good) and tried again in"
+            " %.0fs, then less and less often, until it works (first seen in %s)",
+            error.reason,
+            applied_s,
+            where,
+        )
+        self._save_unavailable()
+
+    def _app_works(self, channel: Channel, chat: ChatRef) -> None:
+        """A request of `channel` went through: an app held as unavailable works again.
+        (Its scope is among those a send to any chat of the channel spends.)"""
+        spent = {scope.key for scope in channel.rate_scopes(chat, "send", None)}
+        back = [s for s in self._unavailable if s in spent]
+        for scope in back:
+            del self._unavailable[scope]
+            log.warning("channel %s: the platform takes the app's requests again", channel.name)
+        if back:
+            self._save_unavailable()
+
+    def _save_unavailable(self) -> None:
+        """What `_unavailable` holds, in the store for `taskcard status` (a store that fails
+        costs only that: the log said it)."""
+        try:
+            kept = parse_app_unavailable(self._store.get_cursor(APP_UNAVAILABLE_CURSOR))
+            value = {
+                scope: {
+                    "reason": reason or kept.get(scope, ("", None))[0],
+                    "at": kept.get(scope, ("", None))[1] or self._wall(),
+                }
+                for scope, reason in self._unavailable.items()
+            }
+            self._store.set_cursor(APP_UNAVAILABLE_CURSOR, json.dumps(value) if value else "")
+        except Exception as error:
+            log.warning("the unavailable app could not be recorded for taskcard status: %s", error)
 
     def _save_pause(self, scope: str, until_epoch: float) -> None:
         """Keep the pause in the store, for a restart (and, clustered, the other instances'
@@ -1471,6 +1546,8 @@ class RouteScheduler:
                 self._commit(resident, message)
             else:
                 await self._send_resident(channel, resident, message)
+            if self._unavailable:
+                self._app_works(channel, key.chat)
         except NotModified:
             self._commit(resident, message)
         except MessageGone as error:
@@ -2008,6 +2085,8 @@ class RouteScheduler:
             raise
         finally:
             reservation.complete()
+        if self._unavailable:
+            self._app_works(channel, chat)
         if isinstance(text, QueuedNotice) and self._outbox is not None:
             self._outbox.done(text, "delivered", message_id)
         if isinstance(text, _Reply):

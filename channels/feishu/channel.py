@@ -64,6 +64,7 @@ from taskcard.channels.base import (
     ReplyTo,
 )
 from taskcard.channels.errors import (
+    AppUnavailable,
     ChannelError,
     MessageGone,
     NotModified,
@@ -109,6 +110,11 @@ SHOWN_CAPACITY = 4096
 # 3 s for an answer, it delivers the event again anyway.
 ACCEPT_TIMEOUT_S = 5.0
 Response = TypeVar("Response", bound=BaseResponse)
+# How long an answer refusing the whole app (`errors.APP_UNAVAILABLE`) holds it: the first
+# time, then twice as long on each such answer in a row, up to the last (a few requests an
+# hour while the cause lasts, none in a loop; `limits.max_pause_s` bounds it too).
+APP_HOLD_FIRST_S = 15.0
+APP_HOLD_MAX_S = 600.0
 
 
 def check_domain(domain: str) -> str:
@@ -187,6 +193,8 @@ class FeishuChannel(Channel):
         # The bot info a 429 put off at the start (`start_put_off`, `finish_start`).
         self._put_off: RateLimited | None = None
         self._identity_owed = False
+        # Answers refusing the whole app in a row (0: the last request was not refused so).
+        self._app_refusals = 0
 
     # Lifecycle ----------------------------------------------------------------------------
 
@@ -575,7 +583,12 @@ class FeishuChannel(Channel):
             app_scope=APP_SCOPE,
             narrow_scope=narrow_scope,
             operation=operation,
+            app_hold_s=min(APP_HOLD_FIRST_S * 2.0 ** min(self._app_refusals, 16), APP_HOLD_MAX_S),
         )
+        if isinstance(failure, AppUnavailable):
+            self._app_refusals += 1
+        elif failure is None:
+            self._app_refusals = 0
         if failure is not None:
             raise failure
         return response

@@ -27,6 +27,7 @@ from typing import Literal
 
 from taskcard.channels.base import Operation
 from taskcard.channels.errors import (
+    AppUnavailable,
     ChannelError,
     Forbidden,
     MessageGone,
@@ -74,6 +75,33 @@ BEING_SENT = 230049
 # expired (99991668, 99991677), as the server error codes page lists them.
 TOKEN_INVALID = frozenset({99991661, 99991663, 99991665, 99991668, 99991671, 99991677})
 
+# Answers by which Feishu refuses the whole app, for a cause its operator fixes in the
+# developer console (or the tenant's admin console), with what each means and the fix. Every
+# request fails the same way until then: not a card's or a chat's fault, so the app is held
+# (`AppUnavailable`, a pause with a growing wait) and goes on by itself once it works again.
+APP_UNAVAILABLE: Mapping[int, str] = {
+    230006: (
+        "the app's bot ability is not turned on; turn on Bot among the app's features in the"
+        " Feishu developer console and publish a version"
+    ),
+    99991401: (
+        "Feishu refused this host's IP address (the app's IP allow-list); add the service's"
+        " outbound address to the allow-list in the app's security settings in the Feishu"
+        " developer console"
+    ),
+    99991662: (
+        "the app is disabled; enable it again (its version in the Feishu developer console,"
+        " the tenant's admin console)"
+    ),
+    99991673: (
+        "the app is not available; check its status in the Feishu developer console and in"
+        " the tenant's admin console"
+    ),
+}
+# "These operations are not allowed in current group settings": the group's own settings
+# forbid the bot's request there (a setting of that group, not of the app).
+GROUP_SETTINGS_FORBID = 230018
+
 GONE_CODES = frozenset({MESSAGE_RECALLED, MESSAGE_TOO_OLD, MESSAGE_DELETED})
 # Answers by which Feishu says the bot cannot reach the chat at all: the route is disabled
 # with the reason (shown by `taskcard status`) instead of failing on every change.
@@ -87,6 +115,7 @@ FORBIDDEN_CODES = frozenset(
         CHAT_DISSOLVED,
         BOT_STOPPED_BY_USER,
         SCOPE_MISSING,
+        GROUP_SETTINGS_FORBID,
     }
 )
 
@@ -143,11 +172,13 @@ def translate(
     app_scope: str,
     narrow_scope: str,
     operation: FeishuOperation,
+    app_hold_s: float = 30.0,
 ) -> ChannelError | None:
     """The error for one answer to `operation`, or None when it is a success.
 
     `app_scope` is the per-app bucket key; `narrow_scope` the message (edit) or chat (send)
-    bucket that a 230020 throttle pauses.
+    bucket that a 230020 throttle pauses. `app_hold_s`: how long an answer refusing the
+    whole app (`APP_UNAVAILABLE`) holds it (the channel grows it while the cause lasts).
     """
     if code == 0 and status < 400:
         return None
@@ -156,6 +187,9 @@ def translate(
         return RateLimited(retry_after_s(headers), app_scope, detail)
     if code in (MESSAGE_RATE_LIMITED, CHAT_RATE_LIMITED):
         return RateLimited(retry_after_s(headers), narrow_scope, detail)
+    if code is not None and code in APP_UNAVAILABLE:
+        reason = f"feishu: {APP_UNAVAILABLE[code]} (code {code}: {msg or 'no message'})"
+        return AppUnavailable(app_hold_s, app_scope, reason)
     if code in GONE_CODES:
         return MessageGone(detail)
     if operation in MESSAGE_OPERATIONS and (

@@ -671,6 +671,8 @@ async def test_a_token_answer_without_a_token_is_retried(tmp_path: Path, fake: F
         (230045, "scripted: The chat not exist."),
         (232009, "the fake's chat is dissolved: every call about it is refused"),
         (230053, "the fake's person stopped the bot: the first card's send is refused"),
+        # The group's own settings forbid it: that chat's, not the app's.
+        (230018, "scripted: These operations are not allowed in current group settings."),
     ],
 )
 async def test_a_chat_the_bot_cannot_reach_disables_its_route(
@@ -706,6 +708,70 @@ async def test_a_chat_the_bot_cannot_reach_disables_its_route(
     assert "refused this card for good" not in serve.logs
     assert {r.code for r in fake.errors()} == {code}
     assert len(fake.requests_of("send")) == 1, "no card posted again into a chat it cannot reach"
+
+
+@pytest.mark.parametrize(
+    ("code", "meaning"),
+    [
+        (230006, "bot ability is not turned on"),
+        (99991401, "IP allow-list"),
+        (99991662, "the app is disabled"),
+        (99991673, "the app is not available"),
+    ],
+)
+async def test_an_app_feishu_refuses_as_a_whole_is_held_and_goes_on_by_itself(
+    tmp_path: Path, fake: FakeFeishu, code: int, meaning: str
+) -> None:
+    """The bot ability turned off, this host outside the IP allow-list, the app disabled:
+    Feishu refuses every call of the app with one of these codes. Not the card's fault: the
+    cause and its fix are logged once and shown by `taskcard status`, the card waits (not
+    refused for good, the route not disabled, no request in a loop), and once the app works
+    again the card goes out by itself. (The longest pause is 2 s here, so the test need not
+    wait for the growing holds.)"""
+    setup = Setup(tmp_path, fake, ["builder"])
+    setup.config.write_text(setup.config.read_text() + "[limits]\nmax_pause_s = 2\n")
+    workdir = tmp_path / "agents" / "builder"
+
+    def status() -> str:
+        return run_cli("status", "--config", str(setup.config)).stdout
+
+    with setup.serve() as serve:
+        publish(workdir, "first body")
+        await eventually(lambda: any("first body" in t for t in card_texts(fake)), what="card")
+        fake.refuse_app(code)
+        publish(workdir, "second body")
+        report = await eventually(
+            lambda: (lambda text: text if "APP UNAVAILABLE" in text else "")(status()),
+            timeout_s=60,
+            what="the app shown unavailable",
+        )
+        await eventually(
+            lambda: len([r for r in fake.errors() if r.code == code]) >= 3,
+            timeout_s=60,
+            what="tried again",
+        )
+        fake.refuse_app(None)
+        await eventually(
+            lambda: any("second body" in t for t in card_texts(fake)),
+            timeout_s=60,
+            what="the card once the app works",
+        )
+        await eventually(
+            lambda: "takes the app's requests again" in serve.logs, what="said it works again"
+        )
+        after = status()
+        assert await serve.aterminate() == 0
+    assert meaning in report and f"code {code}" in report and "DISABLED" not in report
+    assert "held: the platform refuses the app itself" in report
+    assert "APP UNAVAILABLE" not in after
+    assert serve.logs.count(meaning) == 1, "the cause is said once, not at each try"
+    assert "refused this card for good" not in serve.logs
+    assert "builder disabled" not in serve.logs and "channel feishu disabled" not in serve.logs
+    refused = [r.at_s for r in fake.errors() if r.code == code]
+    assert all(later - earlier >= 1.0 for earlier, later in itertools.pairwise(refused)), (
+        "tried again after a pause, not in a loop"
+    )
+    assert len(fake.requests_of("send")) == 1 and len(card_texts(fake)) == 1
 
 
 async def test_a_send_still_in_progress_is_tried_again_not_refused(

@@ -36,6 +36,9 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
 - A chat dissolved (`dissolve_chat`): every send, reply, update, delete and pin there ->
   232009; a one-to-one chat whose person turned the bot off (`stop_bot`): sends -> 230053
   (the calls Feishu documents these codes for, with its words).
+- The whole app refused (`refuse_app`): every call but the token's answers the code given
+  (230006 the bot ability off, 99991401 outside the IP allow-list, 99991662 / 99991673 the
+  app disabled or unavailable, 230018 a group's settings) until `refuse_app(None)`.
 - Limits: requests per app (per second and per minute) -> HTTP 429, code 99991400 and the
   `x-ogw-ratelimit-reset` header (the gateway's limit); sends and replies per chat -> HTTP
   400, code 230020, no header (the message service's throttle, as the send and reply pages
@@ -95,6 +98,15 @@ INVALID_MESSAGE_ID = "Your request contains an invalid request parameter, ext=in
 # bot's messages off in their one-to-one chat.
 CHAT_DISSOLVED = (232009, "Your request specifies a chat which has already been dissolved.")
 BOT_STOPPED = (230053, "The user has stopped the bot from sending messages.")
+# Answers refusing the whole app, whatever the request (`refuse_app`), as the send message
+# page (230006, 230018) and the server error codes page (the 9999xxxx) word them.
+APP_REFUSALS: dict[int, str] = {
+    230006: "Bot ability is not activated.",
+    230018: "These operations are not allowed in current group settings.",
+    99991401: "request ip is not in the app's ip allowlist",
+    99991662: "app is disabled",
+    99991673: "app status is unavailable",
+}
 
 
 @dataclass(frozen=True)
@@ -366,6 +378,8 @@ class FakeFeishu:
         # How long after posting the bot may recall its message: the tenant's setting, 24
         # hours unless its administrator changed it (230009 past it).
         self.recall_window_s = RECALL_WINDOW_S
+        # While set (`refuse_app`), every call but the token's is answered with this error.
+        self.app_refusal: ScriptedError | None = None
         # uuid -> (message id, wall-clock time of the first send)
         self._sent_uuids: dict[str, tuple[str, float]] = {}
         self.base_url = ""
@@ -453,6 +467,14 @@ class FakeFeishu:
         self._scripts.clear()
         self._chat_failures.clear()
         self._chat_delays_s.clear()
+
+    def refuse_app(self, code: int | None, *, http_status: int = 400) -> None:
+        """From now on answer every call but the token's with `code` (one of `APP_REFUSALS`,
+        in the `{code, msg}` envelope), as Feishu does while the app's bot ability is off,
+        this host is outside the IP allow-list or the app is disabled; None: serve again."""
+        self.app_refusal = (
+            None if code is None else ScriptedError(http_status, code, APP_REFUSALS[code], ())
+        )
 
     def script_rate_limit(
         self, operation: str = "any", *, reset_s: int = 2, times: int = 1
@@ -948,6 +970,9 @@ class FakeFeishu:
         )
 
     def _scripted(self, operation: str) -> None:
+        if self.app_refusal is not None and operation != "token":
+            error = self.app_refusal
+            raise _Refusal(error.http_status, error.code, error.msg)
         for key in (operation, "any"):
             queue = self._scripts.get(key)
             if queue:
