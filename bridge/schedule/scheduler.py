@@ -606,6 +606,8 @@ class RouteScheduler:
         except Exception:
             kept = {}  # the store's own warning says it; status then shows none
         self._unavailable: dict[str, str] = dict.fromkeys(kept, "")
+        # The latest pin refusal said for each chat (channel, chat id), so it is said once.
+        self._pins_refused: dict[tuple[str, str], str] = {}
         self._backoff = Backoff(initial_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
         # Shared by several instances when clustered; in memory otherwise.
         self._limiter = limiter or RateLimiter(clock, max_pause_s=max_pause_s)
@@ -1773,7 +1775,19 @@ class RouteScheduler:
             self._owe_pin(resident, None)  # its replacement is pinned in turn
             return False
         except ChannelError as error:
-            log.warning("route %s: could not pin the resident message: %s", key, error)
+            # Said once per chat and reason: a chat whose settings keep the bot from pinning
+            # refuses the pin of each card (each agent's, each replacement) alike.
+            where = (key.channel, key.chat.chat_id)
+            said = self._pins_refused.get(where) == str(error)
+            self._pins_refused[where] = str(error)
+            (log.debug if said else log.warning)(
+                "route %s: could not pin the resident message: %s%s",
+                key,
+                error,
+                "" if said else " (said once for the chat's routes while it lasts)",
+            )
+        else:
+            self._pins_refused.pop((key.channel, key.chat.chat_id), None)
         finally:
             reservation.complete()
         resident.pin_failures = 0

@@ -102,6 +102,12 @@ APP_UNAVAILABLE: Mapping[int, str] = {
 # forbid the bot's request there (a setting of that group, not of the app).
 GROUP_SETTINGS_FORBID = 230018
 
+# Pins (`POST im/v1/pins`): 230047, pinned or unpinned too often (that message; "try again
+# later"), is a wait, not a refusal; 230046, only the group's owner and administrators may
+# pin there, stays a refusal (the group's setting), which the service says once per chat.
+PIN_TOO_OFTEN = 230047
+PIN_NOT_ALLOWED = 230046
+
 GONE_CODES = frozenset({MESSAGE_RECALLED, MESSAGE_TOO_OLD, MESSAGE_DELETED})
 # Answers by which Feishu says the bot cannot reach the chat at all: the route is disabled
 # with the reason (shown by `taskcard status`) instead of failing on every change.
@@ -200,7 +206,7 @@ def translate(
         return MessageGone(detail)
     if code == CONTENT_TOO_LONG:
         return Permanent(detail)
-    if code == BEING_SENT:
+    if code == BEING_SENT or (code == PIN_TOO_OFTEN and operation == "pin"):
         return Transient(detail)
     if code in TOKEN_INVALID:
         # The cached tenant token was refused (whatever the HTTP status); the caller drops it

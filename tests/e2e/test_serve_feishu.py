@@ -27,7 +27,7 @@ from tests.e2e.harness import (
     publish,
     run_cli,
 )
-from tests.fakes.feishu_api import FakeFeishu, FakeLimits
+from tests.fakes.feishu_api import PIN_TOO_OFTEN, PINS_RESTRICTED, FakeFeishu, FakeLimits
 from tests.redis_server import free_port
 
 CHAT = "oc_fleet_group"
@@ -992,6 +992,50 @@ async def test_a_pin_refused_by_the_rate_limit_is_tried_again_once_its_window_ha
     assert inside == []
     assert len(fake.requests_of("pin")) == 2
     assert len(fake.requests_of("send")) == 1
+
+
+async def test_a_pin_answered_too_often_is_tried_again_and_made(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """Feishu's 230047 (that message pinned or unpinned too often, "try again later") is a
+    wait: the pin is made a little later, the card not left unpinned."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    setup.config.write_text(setup.config.read_text() + "pin = true\n")
+    fake.script_error("pin", PIN_TOO_OFTEN[0], msg=PIN_TOO_OFTEN[1])
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "**compile** 1/3")
+        await eventually(
+            lambda: [m.pinned for m in fake.chat(CHAT) if m.msg_type == "interactive"] == [True],
+            timeout_s=60,
+            what="the card pinned after the refusal",
+        )
+        assert await serve.aterminate() == 0
+    assert [r.code for r in fake.requests_of("pin")] == [PIN_TOO_OFTEN[0], 0]
+    assert len(fake.requests_of("send")) == 1
+
+
+async def test_a_group_that_lets_only_its_admins_pin_is_said_once_not_per_card(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """Feishu's 230046 (only the group's owner and administrators may pin): every card of
+    the chat is refused its pin alike, so the log says it once for the chat, not per card;
+    the cards are shown unpinned."""
+    setup = Setup(tmp_path, fake, ["builder", "tester", "docs"])
+    setup.config.write_text(setup.config.read_text() + "pin = true\n")
+    fake.pins_restricted.add(CHAT)
+    with setup.serve() as serve:
+        for agent in ("builder", "tester", "docs"):
+            publish(tmp_path / "agents" / agent, f"**{agent}** working")
+        await eventually(
+            lambda: len([r for r in fake.requests_of("pin") if r.code == PINS_RESTRICTED[0]]) == 3,
+            timeout_s=60,
+            what="each card's pin refused",
+        )
+        await eventually(lambda: "code 230046" in serve.logs, what="the refusal said")
+        assert await serve.aterminate() == 0
+    assert serve.logs.count("code 230046") == 1, "said once for the chat"
+    assert len(card_texts(fake)) == 3
+    assert not any(m.pinned for m in fake.chat(CHAT))
 
 
 async def test_a_pin_refused_by_the_rate_limit_is_made_after_a_restart_inside_its_window(

@@ -38,7 +38,8 @@ What it serves (real paths, real answer shapes `{"code": 0, "msg": "success", "d
   (the calls Feishu documents these codes for, with its words).
 - The whole app refused (`refuse_app`): every call but the token's answers the code given
   (230006 the bot ability off, 99991401 outside the IP allow-list, 99991662 / 99991673 the
-  app disabled or unavailable, 230018 a group's settings) until `refuse_app(None)`.
+  app disabled or unavailable, 230018 a group's settings) until `refuse_app(None)`. A pin in
+  a group in `pins_restricted` (only its owner and administrators may pin) -> 230046.
 - Limits: requests per app (per second and per minute) -> HTTP 429, code 99991400 and the
   `x-ogw-ratelimit-reset` header (the gateway's limit); sends and replies per chat -> HTTP
   400, code 230020, no header (the message service's throttle, as the send and reply pages
@@ -98,6 +99,10 @@ INVALID_MESSAGE_ID = "Your request contains an invalid request parameter, ext=in
 # bot's messages off in their one-to-one chat.
 CHAT_DISSOLVED = (232009, "Your request specifies a chat which has already been dissolved.")
 BOT_STOPPED = (230053, "The user has stopped the bot from sending messages.")
+# A pin in a group whose settings let only its owner and administrators pin, and a message
+# pinned or unpinned too often (the pins page's error table; script it with `script_error`).
+PINS_RESTRICTED = (230046, "Only group owner and group admin can pin messages.")
+PIN_TOO_OFTEN = (230047, "Pin or unpin operations are too frequent, please try again later.")
 # Answers refusing the whole app, whatever the request (`refuse_app`), as the send message
 # page (230006, 230018) and the server error codes page (the 9999xxxx) word them.
 APP_REFUSALS: dict[int, str] = {
@@ -380,6 +385,8 @@ class FakeFeishu:
         self.recall_window_s = RECALL_WINDOW_S
         # While set (`refuse_app`), every call but the token's is answered with this error.
         self.app_refusal: ScriptedError | None = None
+        # Groups whose settings let only the owner and administrators pin (230046).
+        self.pins_restricted: set[str] = set()
         # uuid -> (message id, wall-clock time of the first send)
         self._sent_uuids: dict[str, tuple[str, float]] = {}
         self.base_url = ""
@@ -1344,6 +1351,8 @@ class FakeFeishu:
             self._check_chat(chat_id)
             if chat_id in self.removed_from:
                 raise _Refusal(400, 230002, "The bot is not in the chat.")
+            if chat_id in self.pins_restricted:
+                raise _Refusal(400, *PINS_RESTRICTED)
         except _Refusal as refusal:
             return self._refusal(request, "pin", refusal, chat_id, message_id)
         self._record_app(now)
