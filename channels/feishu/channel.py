@@ -213,7 +213,7 @@ class FeishuChannel(Channel):
             return
         self._put_off, self._identity_owed = None, False  # of a start that failed later
         try:
-            await self._token_source().get()
+            await self._token(self._token_source())
             if self._config.events != "none":
                 self._bot_open_id, self._bot_name = await self._learn_bot_identity()
             self._on_command = on_command
@@ -543,6 +543,21 @@ class FeishuChannel(Channel):
             request, CreatePinResponse, narrow_scope=chat_scope(chat.chat_id), operation="pin"
         )
 
+    def _app_hold_s(self) -> float:
+        """How long an answer refusing the whole app holds it now: growing with each such
+        answer in a row."""
+        return min(APP_HOLD_FIRST_S * 2.0 ** min(self._app_refusals, 16), APP_HOLD_MAX_S)
+
+    async def _token(self, tokens: TenantTokenSource) -> str:
+        """The tenant token; a token request refused for the whole app holds it as any
+        other call of it would (`AppUnavailable`, the wait grown here)."""
+        hold_s = self._app_hold_s()
+        try:
+            return await tokens.get()
+        except AppUnavailable as refused:
+            self._app_refusals += 1
+            raise AppUnavailable(hold_s, refused.scope, refused.reason) from None
+
     def _remember(self, message_id: str, content: str) -> None:
         self._shown[message_id] = _digest(content)
         self._shown.move_to_end(message_id)
@@ -560,7 +575,8 @@ class FeishuChannel(Channel):
         """One request, its answer translated once; a refused token is dropped."""
         tokens = self._token_source()
         transport = self._open_transport()
-        token = await tokens.get()
+        hold_s = self._app_hold_s()
+        token = await self._token(tokens)
         response = await transport.execute(request, response_type, token)
         raw = response.raw
         status = raw.status_code if raw is not None and raw.status_code is not None else 0
@@ -583,7 +599,7 @@ class FeishuChannel(Channel):
             app_scope=APP_SCOPE,
             narrow_scope=narrow_scope,
             operation=operation,
-            app_hold_s=min(APP_HOLD_FIRST_S * 2.0 ** min(self._app_refusals, 16), APP_HOLD_MAX_S),
+            app_hold_s=hold_s,
         )
         if isinstance(failure, AppUnavailable):
             self._app_refusals += 1

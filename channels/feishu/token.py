@@ -18,12 +18,18 @@ from lark_oapi.core.token import AccessTokenResponse, CreateSelfTenantTokenReque
 from lark_oapi.core.token.create_token_request_body import CreateTokenRequestBody
 
 from taskcard.channels.errors import (
+    AppUnavailable,
     CredentialsRejected,
     RateLimited,
     Transient,
     without_secrets,
 )
-from taskcard.channels.feishu.errors import APP_RATE_LIMITED, answer_code, retry_after_s
+from taskcard.channels.feishu.errors import (
+    APP_RATE_LIMITED,
+    APP_UNAVAILABLE,
+    answer_code,
+    retry_after_s,
+)
 from taskcard.channels.feishu.scopes import APP_SCOPE
 from taskcard.channels.feishu.transport import LarkTransport
 
@@ -88,4 +94,10 @@ class TenantTokenSource:
             # the credentials are wrong.
             raise Transient(detail)
         msg = without_secrets(str(answer.msg), (self._app_secret,))
+        if code in APP_UNAVAILABLE:
+            # The app refused as a whole (this host outside its IP allow-list, the app
+            # disabled), not its credentials: held like any other call of it; the channel
+            # sets the hold (`FeishuChannel._call`).
+            reason = f"feishu: {APP_UNAVAILABLE[code]} (code {code}: {msg})"
+            raise AppUnavailable(0.0, APP_SCOPE, reason)
         raise CredentialsRejected(f"feishu: app credentials rejected (code {code}: {msg})")

@@ -774,6 +774,39 @@ async def test_an_app_feishu_refuses_as_a_whole_is_held_and_goes_on_by_itself(
     assert len(fake.requests_of("send")) == 1 and len(card_texts(fake)) == 1
 
 
+async def test_an_app_refused_at_its_token_from_the_start_waits_and_starts_by_itself(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    """This host outside the app's IP allow-list from the start, the token request refused
+    too: not rejected credentials (the channel is not disabled until a restart) but the
+    app held, said with its fix, and started by itself once Feishu takes its requests."""
+    setup = Setup(tmp_path, fake, ["builder"])
+    setup.config.write_text(setup.config.read_text() + "[limits]\nmax_pause_s = 2\n")
+    fake.refuse_app(99991401, token_too=True)
+    with setup.serve() as serve:
+        publish(tmp_path / "agents" / "builder", "first body")
+        report = await eventually(
+            lambda: (lambda text: text if "APP UNAVAILABLE" in text else "")(
+                run_cli("status", "--config", str(setup.config)).stdout
+            ),
+            timeout_s=60,
+            what="the app shown unavailable",
+        )
+        await eventually(
+            lambda: len(fake.requests_of("token")) >= 2, timeout_s=60, what="asked again"
+        )
+        fake.refuse_app(None)
+        await eventually(
+            lambda: any("first body" in t for t in card_texts(fake)),
+            timeout_s=60,
+            what="the card once the app works",
+        )
+        assert await serve.aterminate() == 0
+    assert "IP allow-list" in report and "code 99991401" in report
+    assert "credentials rejected" not in serve.logs
+    assert "channel feishu disabled" not in serve.logs
+
+
 async def test_a_send_still_in_progress_is_tried_again_not_refused(
     tmp_path: Path, fake: FakeFeishu
 ) -> None:

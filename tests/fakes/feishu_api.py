@@ -385,6 +385,7 @@ class FakeFeishu:
         self.recall_window_s = RECALL_WINDOW_S
         # While set (`refuse_app`), every call but the token's is answered with this error.
         self.app_refusal: ScriptedError | None = None
+        self.app_refusal_token_too = False
         # Groups whose settings let only the owner and administrators pin (230046).
         self.pins_restricted: set[str] = set()
         # uuid -> (message id, wall-clock time of the first send)
@@ -475,13 +476,17 @@ class FakeFeishu:
         self._chat_failures.clear()
         self._chat_delays_s.clear()
 
-    def refuse_app(self, code: int | None, *, http_status: int = 400) -> None:
-        """From now on answer every call but the token's with `code` (one of `APP_REFUSALS`,
-        in the `{code, msg}` envelope), as Feishu does while the app's bot ability is off,
-        this host is outside the IP allow-list or the app is disabled; None: serve again."""
+    def refuse_app(
+        self, code: int | None, *, http_status: int = 400, token_too: bool = False
+    ) -> None:
+        """From now on answer every call but the token's (with `token_too`, that one too)
+        with `code` (one of `APP_REFUSALS`, in the `{code, msg}` envelope), as Feishu does
+        while the app's bot ability is off, this host is outside the IP allow-list or the app
+        is disabled; None: serve again."""
         self.app_refusal = (
             None if code is None else ScriptedError(http_status, code, APP_REFUSALS[code], ())
         )
+        self.app_refusal_token_too = token_too
 
     def script_rate_limit(
         self, operation: str = "any", *, reset_s: int = 2, times: int = 1
@@ -977,7 +982,7 @@ class FakeFeishu:
         )
 
     def _scripted(self, operation: str) -> None:
-        if self.app_refusal is not None and operation != "token":
+        if self.app_refusal is not None and (operation != "token" or self.app_refusal_token_too):
             error = self.app_refusal
             raise _Refusal(error.http_status, error.code, error.msg)
         for key in (operation, "any"):
